@@ -1,0 +1,233 @@
+// daisychain generate: the whole model on this device, no network. Tokenizes the prompt,
+// prefills, decodes with the project's sampler and streams the text as tokens arrive
+// (held back while a multi-byte character is incomplete), then reports prefill and decode
+// throughput and peak memory. --json prints one object instead.
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "daisy/forward.h"
+#include "daisy/generator.h"
+#include "daisy/kernels.h"
+#include "daisy/model.h"
+#include "daisy/tokenizer.h"
+
+namespace daisy::cli {
+namespace {
+
+struct GenerateCliOptions {
+  std::string model;
+  std::string prompt;
+  int max_tokens = 60;
+  float temperature = 0;
+  uint64_t seed = 1234;
+  int top_k = 0;
+  float top_p = 1.0f;
+  int ctx = 0;
+  int prefill_chunk = 0;
+  std::vector<int32_t> stop_ids;
+  int threads = 0;
+  bool json = false;
+  bool verbose = false;
+  bool no_cache = false;
+};
+
+uint64_t PeakMemoryBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+double PerSecond(double n, double seconds) { return seconds > 0 ? n / seconds : 0.0; }
+
+// The length of the prefix of `s` safe to print now: everything but a trailing run of
+// U+FFFD (a byte-fallback character whose remaining bytes have not arrived yet) and any
+// incomplete UTF-8 sequence at the very end.
+size_t StableLength(const std::string& s) {
+  size_t n = s.size();
+  // An incomplete sequence: a lead byte whose continuation bytes are missing.
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const unsigned char c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (need > back) n -= back;
+    break;
+  }
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  while (n >= 3 && s.compare(n - 3, 3, kReplacement) == 0) n -= 3;
+  return n;
+}
+
+// Prints the text of the sequence as it grows. Decodes the whole sequence each time
+// (decoders strip or merge across token boundaries, so pieces alone are not the text)
+// and prints only what is new and stable.
+class TextStream {
+ public:
+  TextStream(const Tokenizer& tok, std::vector<int32_t> prompt, bool print)
+      : tok_(tok), ids_(std::move(prompt)), print_(print) {
+    prompt_text_ = tok_.Decode(ids_, true);
+    Emit(prompt_text_.substr(0, StableLength(prompt_text_)));
+  }
+  void Add(int32_t id) {
+    ids_.push_back(id);
+    const std::string text = tok_.Decode(ids_, true);
+    // A decoder may rewrite earlier text (e.g. cleanup); then wait for it to settle.
+    if (text.compare(0, shown_.size(), shown_) != 0) return;
+    const size_t stable = StableLength(text);
+    if (stable > shown_.size()) Emit(text.substr(shown_.size(), stable - shown_.size()));
+  }
+  // Prints whatever is left and returns the full text.
+  std::string Finish() {
+    const std::string text = tok_.Decode(ids_, true);
+    if (text.compare(0, shown_.size(), shown_) == 0) Emit(text.substr(shown_.size()));
+    return text;
+  }
+  const std::string& prompt_text() const { return prompt_text_; }
+
+ private:
+  void Emit(const std::string& piece) {
+    if (piece.empty()) return;
+    shown_ += piece;
+    if (print_) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  }
+  const Tokenizer& tok_;
+  std::vector<int32_t> ids_;
+  bool print_;
+  std::string prompt_text_;
+  std::string shown_;
+};
+
+void PrintBackendReport() {
+  std::fprintf(stderr, "backend: %s (threads %d)\n", std::string(kernels::BackendName(kernels::ActiveBackend())).c_str(),
+               kernels::Threads());
+  for (const auto& b : kernels::BackendReport())
+    std::fprintf(stderr, "  %-11s supported=%s gate=%s%s%s\n", std::string(kernels::BackendName(b.backend)).c_str(),
+                 b.supported ? "yes" : "no", b.gate_passed ? "passed" : "no", b.reason.empty() ? "" : "  ",
+                 b.reason.c_str());
+  std::fprintf(stderr, "probe hash: %016" PRIx64 "\n", kernels::ProbeHash());
+}
+
+int RunGenerate(const GenerateCliOptions& o) {
+  if (o.threads > 0) kernels::SetThreads(o.threads);
+  auto src = OpenSourceForCli(o.model, !o.no_cache);
+  if (!src.ok()) return ReportError(src.status().ToString());
+  auto info = LoadModelInfo(**src);
+  if (!info.ok()) return ReportError(info.status().ToString());
+  const ModelSpec& spec = info->spec;
+  auto tok = Tokenizer::Load(**src);
+  if (!tok.ok()) return ReportError(tok.status().ToString());
+  const int ctx = o.ctx > 0 ? o.ctx : DefaultContext(spec);
+  if (Status st = CheckContext(spec, ctx); !st.ok()) return ReportError(st.ToString());
+
+  auto prompt = tok->Encode(o.prompt, /*add_special_tokens=*/true);
+  if (!prompt.ok()) return ReportError(prompt.status().ToString());
+  if (prompt->empty()) return ReportError("the prompt encodes to no tokens; give some text");
+
+  GenerateOptions g;
+  g.max_tokens = o.max_tokens;
+  g.sampling.temperature = o.temperature;
+  g.sampling.seed = o.seed;
+  g.sampling.top_k = o.top_k;
+  g.sampling.top_p = o.top_p;
+  g.prefill_chunk = o.prefill_chunk;
+  g.stop_ids = spec.eos_ids;
+  g.stop_ids.insert(g.stop_ids.end(), o.stop_ids.begin(), o.stop_ids.end());
+  if (Status st = ValidateSamplingParams(g.sampling); !st.ok()) return ReportError(st.ToString());
+
+  auto pipeline = LocalPipeline::Load(**src, *info, std::vector<int>{spec.n_layers}, ctx);
+  if (!pipeline.ok()) return ReportError(pipeline.status().ToString());
+  if (o.verbose) {
+    PrintBackendReport();
+    std::fprintf(stderr, "model: %s, %d layers, weights %.2f MB resident, context %d\n", (*src)->Describe().c_str(),
+                 spec.n_layers, static_cast<double>(pipeline->WeightBytes()) / 1e6, ctx);
+    std::fprintf(stderr, "prompt: %zu tokens\n", prompt->size());
+  }
+
+  TextStream stream(*tok, *prompt, !o.json);
+  Generator gen(pipeline->head());
+  auto r = gen.Generate(*prompt, g, [&](int32_t id, std::span<const float>) { stream.Add(id); });
+  const std::string text = stream.Finish();
+  if (!r.ok()) {
+    if (!o.json) std::fputc('\n', stdout);
+    return ReportError(r.status().ToString());
+  }
+  const double prefill_tps = PerSecond(r->prefill_tokens, r->prefill_seconds);
+  const double decode_tps = PerSecond(r->decode_steps, r->decode_seconds);
+  const uint64_t peak = PeakMemoryBytes();
+  const std::string backend(kernels::BackendName(kernels::ActiveBackend()));
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["model"] = (*src)->Describe();
+    j["prompt"] = o.prompt;
+    j["prompt_ids"] = *prompt;
+    j["ids"] = r->ids;
+    j["text"] = text;  // prompt + completion, as decoded together
+    j["completion"] = text.compare(0, stream.prompt_text().size(), stream.prompt_text()) == 0
+                          ? text.substr(stream.prompt_text().size())
+                          : tok->Decode(r->ids, true);
+    j["finish_reason"] = std::string(FinishReasonName(r->finish_reason));
+    if (r->stop_id) j["stop_id"] = *r->stop_id;
+    j["backend"] = backend;
+    j["threads"] = kernels::Threads();
+    j["ctx"] = ctx;
+    j["prefill_tokens"] = r->prefill_tokens;
+    j["prefill_seconds"] = r->prefill_seconds;
+    j["prefill_tokens_per_s"] = prefill_tps;
+    j["decode_tokens"] = r->decode_steps;
+    j["decode_seconds"] = r->decode_seconds;
+    j["decode_tokens_per_s"] = decode_tps;
+    j["peak_memory_bytes"] = peak;
+    if (o.verbose) {
+      char hash[17];
+      std::snprintf(hash, sizeof hash, "%016" PRIx64, kernels::ProbeHash());
+      j["probe_hash"] = hash;
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "[%s] prefill %d tokens at %.1f tok/s, decode %d tokens at %.1f tok/s, peak memory %.1f MB, %s\n",
+                 std::string(FinishReasonName(r->finish_reason)).c_str(), r->prefill_tokens, prefill_tps,
+                 r->decode_steps, decode_tps, static_cast<double>(peak) / 1e6, backend.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+DAISY_REGISTER_COMMAND(generate, 10, [](CLI::App& app) -> std::function<int()> {
+  auto o = std::make_shared<GenerateCliOptions>();
+  CLI::App* sub = app.add_subcommand("generate", "Generate text with the whole model on this device (no network)");
+  sub->add_option("--model", o->model, "Local folder or Hub repo id owner/name[@revision]")->required();
+  sub->add_option("--prompt", o->prompt, "The prompt text")->required();
+  sub->add_option("-n,--max-tokens", o->max_tokens, "Tokens to generate at most (default 60)")->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--temperature", o->temperature, "Sampling temperature; 0 = greedy (default 0)");
+  sub->add_option("--seed", o->seed, "Sampling seed; the draw at each position depends only on it (default 1234)");
+  sub->add_option("--top-k", o->top_k, "Keep the k most likely tokens; 0 = off");
+  sub->add_option("--top-p", o->top_p, "Nucleus sampling mass; 1 = off");
+  sub->add_option("--ctx", o->ctx, "Context length in positions (default: the model's, at most 4096)");
+  sub->add_option("--prefill-chunk", o->prefill_chunk, "Prompt positions per forward step; 0 = all at once")
+      ->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--stop-id", o->stop_ids, "Extra token id that ends generation (repeatable); the model's eos ids always do");
+  sub->add_option("--threads", o->threads, "Kernel threads (default: all cores)")->check(CLI::Range(1, 1024));
+  sub->add_flag("--json", o->json,
+                "Print one JSON object: prompt_ids, ids, text (prompt + completion), completion, finish_reason, "
+                "backend, throughput, peak memory");
+  sub->add_flag("--verbose", o->verbose, "Print the backend report and the probe hash");
+  sub->add_flag("--no-cache", o->no_cache, "Do not use the on-disk download cache");
+  return [o] { return RunGenerate(*o); };
+});
+
+}  // namespace daisy::cli

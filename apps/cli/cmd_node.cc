@@ -1,0 +1,53 @@
+// daisychain node: a device that takes a slice of the model.
+#include <CLI/CLI.hpp>
+#include <memory>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "daisy/net.h"
+#include "daisy/node.h"
+#include "ring_common.h"
+
+namespace daisy::cli {
+namespace {
+
+struct NodeFlags {
+  std::string join;
+  std::string room = "default";
+  std::string name;
+  std::string host = "127.0.0.1";
+  bool no_cache = false;
+};
+
+int RunNodeCommand(const NodeFlags& f) {
+  auto addr = net::JoinAddress(f.join);
+  if (!addr.ok()) return ReportError(addr.status().message(), 2);
+  InstallStopSignals();
+  NodeOptions o;
+  o.rendezvous = *addr;
+  o.room = f.room;
+  o.name = f.name;
+  o.bind_host = f.host;
+  o.hub.use_cache = !f.no_cache;
+  o.hub.cache_dir = DeviceCacheDir();
+  o.hub.progress = TerminalProgressBar("layers");
+  o.stop = &StopRequested();
+  Status st = RunNode(o);
+  if (!st.ok()) return ReportError(st.message());
+  return 0;
+}
+
+}  // namespace
+
+DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
+  auto f = std::make_shared<NodeFlags>();
+  auto* sub = app.add_subcommand("node", "Join a room as a device that holds a slice of the model (runs until Ctrl-C)");
+  sub->add_option("--join", f->join, "HOST:PORT of `daisychain serve`")->required();
+  sub->add_option("--room", f->room, "Room code (default: default)");
+  sub->add_option("--name", f->name, "Name shown to the others (default: the host name)");
+  sub->add_option("--host", f->host, "Address the other devices reach this one at (default 127.0.0.1)");
+  sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk slice cache");
+  return [f] { return RunNodeCommand(*f); };
+});
+
+}  // namespace daisy::cli

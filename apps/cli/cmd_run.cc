@@ -1,0 +1,108 @@
+// daisychain run: a one-shot head from the terminal.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "daisy/head.h"
+#include "daisy/log.h"
+#include "daisy/net.h"
+#include "daisy/node.h"
+#include "ring_common.h"
+
+namespace daisy::cli {
+namespace {
+
+struct RunFlags {
+  std::string join;
+  std::string room = "default";
+  std::string name;
+  std::string host = "127.0.0.1";
+  std::string model;
+  std::string prompt;
+  GenFlags gen;
+  int stages = 0;
+  std::string plan;
+  bool verify = false;
+  bool json = false;
+  bool no_cache = false;
+};
+
+Result<std::vector<int>> ParsePlan(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    try {
+      size_t used = 0;
+      int v = std::stoi(part, &used);
+      if (used != part.size() || v < 0) throw std::invalid_argument(part);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      return InvalidArgument("--plan wants layer counts like 2,2,1; '" + part + "' is not a count");
+    }
+  }
+  if (out.empty()) return InvalidArgument("--plan lists no stages");
+  return out;
+}
+
+int RunRun(const RunFlags& f) {
+  auto addr = net::JoinAddress(f.join);
+  if (!addr.ok()) return ReportError(addr.status().message(), 2);
+  HeadOptions o;
+  o.rendezvous = *addr;
+  o.room = f.room;
+  o.name = f.name;
+  o.bind_host = f.host;
+  o.model = f.model;
+  o.hub.use_cache = !f.no_cache;
+  o.hub.cache_dir = DeviceCacheDir();
+  o.hub.progress = TerminalProgressBar("layers");
+  o.prompt = f.prompt;
+  o.generate = ToGenerateOptions(f.gen);
+  o.ctx = f.gen.ctx;
+  if (f.stages > 0) o.stages = f.stages;
+  if (!f.plan.empty()) {
+    auto plan = ParsePlan(f.plan);
+    if (!plan.ok()) return ReportError(plan.status().message(), 2);
+    o.plan = *plan;
+  }
+  o.verify = f.verify;
+  o.on_status = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); };
+  if (!f.json) {
+    std::printf("%s", f.prompt.c_str());
+    o.on_text = [](std::string_view t) {
+      std::fwrite(t.data(), 1, t.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
+  auto report = RunHead(o);
+  if (!report.ok()) return ReportError(report.status().message());
+  PrintHeadReport(*report, f.json, f.verify);
+  return f.verify && !report->verified.value_or(false) ? 3 : 0;
+}
+
+}  // namespace
+
+DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
+  auto f = std::make_shared<RunFlags>();
+  auto* sub = app.add_subcommand("run", "Generate from the terminal as the head of a ring (plan, assign, stream, verify)");
+  sub->add_option("--join", f->join, "HOST:PORT of `daisychain serve`")->required();
+  sub->add_option("--model", f->model, "Local folder or Hub repo id owner/name[@revision]")->required();
+  sub->add_option("--prompt", f->prompt, "The prompt text")->required();
+  sub->add_option("--room", f->room, "Room code (default: default)");
+  sub->add_option("--name", f->name, "Name of this device (default: the host name)");
+  sub->add_option("--host", f->host, "Address the stages reach this device at (default 127.0.0.1)");
+  AddGenFlags(sub, f->gen);
+  sub->add_option("--stages", f->stages, "Split over exactly N devices including this one (waits up to 30 s for them)")
+      ->check(CLI::Range(1, 256));
+  sub->add_option("--plan", f->plan, "Layers per stage, this device first, e.g. 2,2,1");
+  sub->add_flag("--verify", f->verify, "Afterwards run the whole model here and compare the token ids");
+  sub->add_flag("--json", f->json, "Print one JSON object at the end instead of streaming text");
+  sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
+  return [f] { return RunRun(*f); };
+});
+
+}  // namespace daisy::cli

@@ -1,0 +1,287 @@
+// The forward pass of one pipeline stage: Embed (head) -> RunLayers(first, end) -> Readout
+// (head). A stage holds the weights of its own contiguous layer range only (StageWeights),
+// quantized once at load to int8 + per-channel scales; every matrix product, attention
+// included, goes through the verified INT8 units (daisy/kernels.h), and every f32 op has a
+// fixed evaluation order with transcendentals from daisy/detmath.h. So the bits of every
+// activation are the same whatever the split, the backend, the batch (chunked prefill) and
+// whether the KV cache or a full recomputation is used. docs/FORWARD.md describes the
+// stage weights, the activations and the memory choices; docs/KERNELS.md the attention rule.
+//
+// The forward pass knows nothing of the network: it hands hidden states to a StageLink,
+// whose in-process implementation (LocalStage) is what the split tests use.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daisy/kernels.h"
+#include "daisy/model.h"
+#include "daisy/safetensors.h"
+#include "daisy/source.h"
+#include "daisy/status.h"
+
+namespace daisy {
+
+// The hidden states of consecutive positions of one sequence: what crosses the ring.
+// A plain value; thread-compatible.
+struct HiddenStates {
+  int hidden = 0;                  // width of one row
+  std::vector<int32_t> positions;  // (n_tokens) consecutive, ascending
+  std::vector<float> values;       // (n_tokens, hidden) row-major
+
+  int n_tokens() const { return static_cast<int>(positions.size()); }
+  std::span<const float> Row(int i) const {
+    return {values.data() + static_cast<size_t>(i) * static_cast<size_t>(hidden), static_cast<size_t>(hidden)};
+  }
+  std::span<float> Row(int i) {
+    return {values.data() + static_cast<size_t>(i) * static_cast<size_t>(hidden), static_cast<size_t>(hidden)};
+  }
+  // Rows [begin, end) as a new value (the positions come along).
+  HiddenStates Slice(int begin, int end) const;
+};
+
+// An f32 tensor in memory, shaped as in the safetensors file (tests and tools build
+// models this way without writing files).
+struct HostTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+using HostTensors = std::map<std::string, HostTensor, std::less<>>;
+
+// The embedding table, kept exact for the lookup at the width of the file it came from:
+// 2 bytes per value for BF16/F16 files (widening is exact), 4 for F32. Thread-compatible.
+class EmbeddingTable {
+ public:
+  EmbeddingTable() = default;
+  // values (rows, cols) f32, widened from `source_dtype`.
+  static EmbeddingTable FromF32(std::span<const float> values, int rows, int cols, DType source_dtype);
+  int rows() const { return rows_; }
+  int cols() const { return cols_; }
+  // Writes row r (cols values, exactly the file's values) to out.
+  void Row(int r, float* out) const;
+  size_t Bytes() const { return 2 * narrow_.size() + 4 * wide_.size(); }
+
+ private:
+  int rows_ = 0;
+  int cols_ = 0;
+  DType dtype_ = DType::kF32;     // kBF16, kF16 (narrow_) or kF32 (wide_)
+  std::vector<uint16_t> narrow_;  // (rows, cols) bit patterns
+  std::vector<float> wide_;       // (rows, cols)
+};
+
+// One transformer layer, resident. Matrices are int8 (out, in) with f32 scales per output
+// channel; norms stay f32.
+struct LayerWeights {
+  int layer = 0;
+  std::vector<float> attn_norm;       // (hidden)
+  std::vector<float> attn_norm_bias;  // (hidden), LayerNorm only
+  kernels::QuantizedMatrix qkv;       // ((n_heads + 2 n_kv_heads) head_dim, hidden): q rows, k rows, v rows
+  kernels::QuantizedMatrix o;         // (hidden, n_heads head_dim)
+  std::vector<float> mlp_norm;        // (hidden)
+  std::vector<float> mlp_norm_bias;   // (hidden), LayerNorm only
+  kernels::QuantizedMatrix gate_up;   // gated: (2 intermediate, hidden) gate rows then up rows; else (intermediate, hidden)
+  kernels::QuantizedMatrix down;      // (hidden, intermediate)
+  bool sliding_window = false;        // attention limited to the last spec.sliding_window keys
+  size_t Bytes() const;
+};
+
+// The head's own tensors: both ends of the model.
+struct HeadWeights {
+  EmbeddingTable embed;                // (vocab, hidden) exact rows for the lookup
+  std::vector<float> positions;        // (max_positions, hidden) GPT-2 wpe; empty otherwise
+  std::vector<float> final_norm;       // (hidden)
+  std::vector<float> final_norm_bias;  // (hidden), LayerNorm only
+  kernels::QuantizedMatrix lm_head;    // (vocab, hidden); the int8 copy of the embedding when tied
+  size_t Bytes() const;
+};
+
+// The weights one stage holds: layers [first, end), plus the head's tensors when it is the
+// head. Immutable after loading, so it may be shared by any number of threads. Move-only.
+class StageWeights {
+ public:
+  // Fetches only the tensors of layers [first, end) (+ the head's) through FetchTensors,
+  // quantizing each matrix as it arrives so the f32 copy lives one tensor at a time.
+  static Result<StageWeights> Load(ModelSource& source, const ModelInfo& info, int first, int end,
+                                   bool with_head, const ProgressFn& progress = {});
+  // The same from tensors in memory (F32); `tensors` may hold more than the stage needs.
+  static Result<StageWeights> FromTensors(const ModelSpec& spec, const HostTensors& tensors, int first,
+                                          int end, bool with_head);
+
+  StageWeights(StageWeights&&) noexcept = default;
+  StageWeights& operator=(StageWeights&&) noexcept = default;
+  StageWeights(const StageWeights&) = delete;
+  StageWeights& operator=(const StageWeights&) = delete;
+
+  const ModelSpec& spec() const { return spec_; }
+  int first() const { return first_; }
+  int end() const { return end_; }
+  bool has_head() const { return has_head_; }
+  // Layer l, first() <= l < end().
+  const LayerWeights& layer(int l) const;
+  // Bug if !has_head().
+  const HeadWeights& head() const;
+  // RoPE inverse frequencies, rope_scaling applied (head_dim / 2); empty for GPT-2.
+  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
+  // Resident bytes of all weights of this stage.
+  size_t Bytes() const;
+
+ private:
+  friend class StageBuilder;
+  StageWeights() = default;
+  ModelSpec spec_;
+  int first_ = 0;
+  int end_ = 0;
+  bool has_head_ = false;
+  std::vector<LayerWeights> layers_;  // (end - first)
+  std::unique_ptr<HeadWeights> head_;
+  std::vector<float> inv_freq_;       // (head_dim / 2)
+};
+
+// RoPE inverse frequencies theta^(-2i/d), i < d/2, with rope_scaling applied exactly as
+// HF _compute_llama3_parameters (computed in double, rounded once to f32).
+std::vector<float> RopeInverseFrequencies(const ModelSpec& spec);
+
+// The attention cache of layers [first, end) for up to ctx positions of one sequence.
+// Keys and values are stored as they enter the cache: int8 with one f32 scale per
+// (position, kv head), values transposed per head so P.V is an int8 product. Not
+// thread-safe; move-only (Copy() is the explicit, expensive copy).
+class KvCache {
+ public:
+  KvCache(const ModelSpec& spec, int first, int end, int ctx);
+  KvCache(KvCache&&) noexcept = default;
+  KvCache& operator=(KvCache&&) noexcept = default;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+  KvCache Copy() const;
+
+  int ctx() const { return ctx_; }
+  int first() const { return first_; }
+  int end() const { return end_; }
+  // Positions [0, length()) are filled for every layer.
+  int length() const { return length_; }
+  // Forgets positions >= n (n <= length()).
+  void Truncate(int n);
+  size_t Bytes() const;
+
+  struct Layer {
+    std::vector<int8_t> k;        // (n_kv_heads, ctx, head_dim)
+    std::vector<float> k_scale;   // (n_kv_heads, ctx)
+    std::vector<int8_t> vt;       // (n_kv_heads, head_dim, ctx): V transposed per head
+    std::vector<float> v_scale;   // (n_kv_heads, ctx)
+  };
+  // Layer l, first() <= l < end(). For the forward pass.
+  Layer& layer(int l);
+  const Layer& layer(int l) const;
+  void set_length(int n);
+
+ private:
+  KvCache() = default;
+  int first_ = 0;
+  int end_ = 0;
+  int ctx_ = 0;
+  int length_ = 0;
+  std::vector<Layer> layers_;
+};
+
+// The head's first step: embedding rows (+ learned positions) of tokens at positions
+// first_position, first_position + 1, ... Refuses ids outside the vocabulary.
+Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> tokens, int first_position);
+
+// Runs layers [first, end) (within w's range) over `hidden` in place, reading the keys of
+// earlier positions from kv and appending this batch's. hidden.positions must start at or
+// before kv.length() (later positions are forgotten first: a rewind) and fit in kv.ctx().
+// A non-finite activation is refused with an error naming the layer and position.
+Status RunLayers(const StageWeights& w, int first, int end, HiddenStates& hidden, KvCache& kv);
+
+// Final norm + LM head of the last row of `hidden`: logits (vocab). Head only.
+Result<std::vector<float>> Readout(const StageWeights& w, const HiddenStates& hidden);
+// The same for every row: (n_tokens, vocab), row i predicting position i + 1 (eval).
+Result<std::vector<float>> ReadoutAll(const StageWeights& w, const HiddenStates& hidden);
+
+// "The rest of the ring" as one stage sees it: takes the hidden states after this stage's
+// layers and returns them after every later stage's. In-process: LocalStage; the ring
+// plugs a network implementation in here. Implementations say whether they are
+// thread-safe; the forward pass calls one at a time.
+class StageLink {
+ public:
+  virtual ~StageLink() = default;
+  virtual Result<HiddenStates> Run(HiddenStates hidden) = 0;
+};
+
+// A stage in this process: its own layers (with its own KV cache), then `next` (nullptr
+// for the last stage). Holds a reference to weights that must outlive it. Not thread-safe.
+class LocalStage final : public StageLink {
+ public:
+  LocalStage(const StageWeights& weights, int ctx, StageLink* next);
+  Result<HiddenStates> Run(HiddenStates hidden) override;
+  const KvCache& kv() const { return kv_; }
+
+ private:
+  const StageWeights& weights_;
+  KvCache kv_;
+  StageLink* next_;
+};
+
+// The head's side of one forward step: Embed -> own layers -> the rest of the ring ->
+// Readout. Owns the head's KV cache. Not thread-safe.
+class HeadStage {
+ public:
+  // rest may be nullptr when the head holds every layer.
+  HeadStage(const StageWeights& head, int ctx, StageLink* rest);
+  const ModelSpec& spec() const { return head_.spec(); }
+  int ctx() const { return kv_.ctx(); }
+  // Positions with cached keys (the sequence so far).
+  int length() const { return kv_.length(); }
+  // Runs tokens at positions first_position.. (<= length(): earlier ones are kept, later
+  // ones forgotten) and returns the logits of the last one.
+  Result<std::vector<float>> Forward(std::span<const int32_t> tokens, int first_position);
+  // The same, logits of every row (n_tokens, vocab).
+  Result<std::vector<float>> ForwardAll(std::span<const int32_t> tokens, int first_position);
+
+ private:
+  Result<HiddenStates> Hidden(std::span<const int32_t> tokens, int first_position);
+  const StageWeights& head_;
+  KvCache kv_;
+  StageLink* rest_;
+};
+
+// Splits layers into consecutive stages of the given sizes; stage 0 is the head (it may
+// hold zero layers). Refuses sizes that do not cover n_layers exactly.
+Result<std::vector<std::pair<int, int>>> StageRanges(int n_layers, std::span<const int> layer_counts);
+
+// A whole model split into stages in this process, each stage holding only its own
+// StageWeights and KV cache, chained with LocalStage: single-device runs and the split
+// equivalence tests. Not thread-safe; move-only.
+class LocalPipeline {
+ public:
+  static Result<LocalPipeline> Load(ModelSource& source, const ModelInfo& info,
+                                    std::span<const int> layer_counts, int ctx, const ProgressFn& progress = {});
+  static Result<LocalPipeline> FromTensors(const ModelSpec& spec, const HostTensors& tensors,
+                                           std::span<const int> layer_counts, int ctx);
+  LocalPipeline(LocalPipeline&&) noexcept = default;
+  LocalPipeline& operator=(LocalPipeline&&) noexcept = default;
+
+  HeadStage& head() { return *head_; }
+  const StageWeights& weights(int stage) const { return *weights_[static_cast<size_t>(stage)]; }
+  int n_stages() const { return static_cast<int>(weights_.size()); }
+  size_t WeightBytes() const;
+
+ private:
+  LocalPipeline() = default;
+  Status Link(int ctx);
+  std::vector<std::unique_ptr<StageWeights>> weights_;
+  std::vector<std::unique_ptr<LocalStage>> stages_;  // stages 1..n-1
+  std::unique_ptr<HeadStage> head_;
+};
+
+// The default context length: the model's max_positions capped at 4096.
+int DefaultContext(const ModelSpec& spec);
+// Checks a requested context length against the model and the int8 unit's K limit.
+Status CheckContext(const ModelSpec& spec, int ctx);
+
+}  // namespace daisy

@@ -1,0 +1,54 @@
+// The generation loop on the head: prompt ids -> prefill (at once or in chunks) -> decode
+// one token per step with SampleToken -> stop on a stop id ("stop") or when max_tokens or
+// the context is reached ("length"). Works through a HeadStage, so the same loop drives a
+// single device, an in-process split or the ring. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "daisy/forward.h"
+#include "daisy/sampling.h"
+#include "daisy/status.h"
+
+namespace daisy {
+
+struct GenerateOptions {
+  int max_tokens = 60;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // spec.eos_ids plus the user's; a stop id ends the turn
+  int prefill_chunk = 0;          // prompt positions per forward step; 0 = the whole prompt
+};
+
+enum class FinishReason : uint8_t { kStop, kLength };
+std::string_view FinishReasonName(FinishReason reason);  // "stop" | "length"
+
+struct GenerateResult {
+  std::vector<int32_t> ids;         // generated ids; a stop id is not included
+  FinishReason finish_reason = FinishReason::kLength;
+  std::optional<int32_t> stop_id;   // the id that stopped it (finish_reason kStop)
+  int prefill_tokens = 0;
+  double prefill_seconds = 0;
+  int decode_steps = 0;             // forward steps after the prefill (one token each)
+  double decode_seconds = 0;
+};
+
+// Sees each generated token as it is chosen, with the logits it was sampled from.
+using TokenCallback = std::function<void(int32_t id, std::span<const float> logits)>;
+
+class Generator {
+ public:
+  explicit Generator(HeadStage& head) : head_(head) {}
+  // Runs one turn from position 0. The prompt must be non-empty and fit in the context.
+  Result<GenerateResult> Generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                  const TokenCallback& on_token = {});
+
+ private:
+  HeadStage& head_;
+};
+
+}  // namespace daisy

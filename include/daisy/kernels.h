@@ -1,0 +1,144 @@
+// The verified INT8 units (docs/KERNELS.md has the exact arithmetic). Every matrix product
+// of the project goes through MatMul*, whose result bits are identical on every backend:
+// int8 x int8 products accumulate exactly in int32, then one fixed sequence of IEEE f32
+// operations (the epilogue) turns each int32 into the output. The backend is chosen at
+// start-up from cpuid + OS support, gated bit-for-bit against the scalar reference, and
+// can be forced with DAISY_KERNELS=scalar|avx2|avx512vnni|neon.
+// Thread-safety: MatMul, MatMulQ, AuditCells and ProbeHash are thread-safe; SetBackend and
+// SetThreads must not race with running products.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daisy/status.h"
+
+namespace daisy::kernels {
+
+// The largest reduction length: 127 * 127 * K must stay below 2^31 so int32 cannot overflow.
+inline constexpr int kMaxK = 131071;
+
+enum class Backend : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kNeon = 3 };
+std::string_view BackendName(Backend backend);
+
+// Symmetric round-half-even quantization of one row of k floats:
+//   amax = max_i |x_i|; scale = amax / 127 (0 when amax == 0);
+//   q_i = clamp(round_half_even(x_i / scale), -127, 127) (0 when scale == 0).
+// A non-finite input is reported by returning false (q and scale are then unspecified).
+bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
+
+// A read-only view of an int8 matrix of n rows (output channels) by k columns, row r at
+// q + r * ld, with an optional per-row scale (nullptr means 1.0f) and optional bias.
+struct QMatrixView {
+  const int8_t* q = nullptr;
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+  int n = 0;
+  int k = 0;
+  size_t ld = 0;  // elements between rows; >= k
+};
+
+// Resident weights: quantized once at load, about 1 byte per parameter.
+struct QuantizedMatrix {
+  int n = 0;                 // output channels
+  int k = 0;                 // input features
+  std::vector<int8_t> q;     // (n, k) row-major
+  std::vector<float> scale;  // (n)
+  std::vector<float> bias;   // (n) or empty
+  QMatrixView View() const {
+    return QMatrixView{q.data(), scale.data(), bias.empty() ? nullptr : bias.data(), n, k, static_cast<size_t>(k)};
+  }
+  size_t Bytes() const { return q.size() + 4 * (scale.size() + bias.size()); }
+};
+
+// Quantizes w (n, k) row-major f32 (per output channel), with an optional bias (n).
+// Refuses k > kMaxK and non-finite weights, naming `what`.
+Result<QuantizedMatrix> QuantizeMatrix(std::span<const float> w, int n, int k, std::span<const float> bias,
+                                       std::string_view what);
+
+// y (m, n) with row stride ldy:
+//   acc = sum_t xq[i][t] * w.q[j][t]                      (exact, int32)
+//   y[i][j] = float(acc) * (xscale[i] * wscale[j])          (wscale 1.0f when w.scale null)
+//   y[i][j] = y[i][j] + bias[j]                            (when w.bias set)
+// xq rows have stride ldx. Uses the active backend and the configured threads; the bits do
+// not depend on either. Contract: every int8 value is in [-127, 127] (what QuantizeRow
+// produces) and 0 <= w.k <= kMaxK; a larger k is a bug and aborts ("Bug: ...").
+void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy);
+
+// Quantizes each of the m rows of x (m, k) and multiplies: y (m, n) = x . w^T.
+// Returns false when x holds a non-finite value (nothing is written then).
+bool MatMul(const float* x, int m, const QMatrixView& w, float* y);
+
+// Backend selection, done once before the first product: BackendReport() lists all four
+// backends, whether this CPU and OS can run each (cpuid + XGETBV, HWCAP) and whether it
+// passed its gate (bit-identical to scalar on seeded shapes: odd K, tails, zeros, extremes);
+// a backend that failed is demoted, with a warning in the log.
+struct BackendStatus {
+  Backend backend;
+  bool supported = false;    // CPU + OS can run it
+  bool gate_passed = false;  // bit-identical to scalar on the gate shapes
+  std::string reason;        // why not supported / why demoted
+};
+std::vector<BackendStatus> BackendReport();
+Backend ActiveBackend();
+// Forces a backend (tests, DAISY_KERNELS). Fails if unsupported or it failed its gate.
+Status SetBackend(Backend backend);
+// Threads used over output columns (default: all cores), from a persistent pool; each output
+// cell is computed whole by one thread, so the bits do not depend on the count.
+void SetThreads(int n_threads);
+int Threads();
+
+// 64-bit hash of a seeded GEMM plus the f32 op set (detmath); equal on every honest device.
+// Runs through the active backend and threads; the exact inputs are in docs/KERNELS.md.
+uint64_t ProbeHash();
+
+// Live audit: re-computes n_cells random cells (every cell when n_cells >= m * n) of a
+// finished product y = MatMulQ(xq, xscale, m, ldx, w) with the scalar reference and compares
+// the bits. Cells are drawn from a counter-based generator keyed by `seed`. Read-only.
+struct AuditResult {
+  int checked = 0;     // cells re-computed
+  int mismatches = 0;  // cells whose bits differ from the reference
+  int row = -1;        // first mismatching cell (row, col), -1 when none
+  int col = -1;
+  float expected = 0.0f;  // the reference value and the product's value there
+  float got = 0.0f;
+  bool ok() const { return mismatches == 0; }
+};
+AuditResult AuditCells(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, const float* y,
+                       size_t ldy, int n_cells, uint64_t seed);
+
+// The always-on sampled audit inside MatMulQ: every `every`-th product (0 = off) re-checks
+// `cells` random cells against scalar. A mismatch is logged as an error, demotes the backend
+// and the product is recomputed with scalar before MatMulQ returns. Default: every 1024th
+// product, 1 cell; DAISY_AUDIT_EVERY=N sets `every` at start-up.
+void SetAuditRate(int every, int cells);
+struct AuditStats {
+  uint64_t products = 0;    // products audited
+  uint64_t cells = 0;       // cells checked
+  uint64_t mismatches = 0;  // cells that disagreed
+};
+AuditStats GetAuditStats();
+
+// Throughput of every backend that is supported and passed its gate, with the configured
+// threads, each case run for about seconds_per_case: a decode GEMV (m = 1, n = 73728,
+// k = 896: 66 MB of int8 weights, more than any cache, so it measures the weight stream) and
+// a prefill GEMM (m = 64, n = 2048, k = 896). gops counts 2 * m * n * k operations; gbps
+// counts weight bytes read. Leaves the active backend unchanged. Takes a few seconds.
+struct KernelThroughput {
+  Backend backend;
+  double gemv_gops = 0.0;
+  double gemv_gbps = 0.0;
+  double gemm_gops = 0.0;
+};
+std::vector<KernelThroughput> MeasureKernelThroughput(double seconds_per_case);
+
+// Capacity for the ring planner: reference products per second through the live backend and
+// threads. The reference product is decode-shaped: m = 1, n = 4096, k = 4096 (16 MiB of int8
+// weights). Takes about 0.3 s.
+double MeasureCapacityGemmsPerSecond();
+
+}  // namespace daisy::kernels

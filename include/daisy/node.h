@@ -1,0 +1,53 @@
+// A ring member: joins a room through the rendezvous, says hello, receives an assignment,
+// fetches its own layers itself, reports ready and serves hops until stopped. Also the
+// device identity and state under DAISY_HOME, shared by every role.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "daisy/hub.h"
+#include "daisy/model.h"
+#include "daisy/status.h"
+#include "daisy/wire.h"
+
+namespace daisy {
+
+// Where a device keeps its id, settings and slice cache: $DAISY_HOME, else
+// $XDG_CONFIG_HOME/daisychain or ~/.config/daisychain. Several devices can share a machine
+// by giving each its own DAISY_HOME (the demo and the tests do).
+std::string DeviceHome();
+// The device's id for a role ("node", "serve", "head"): 16 hex characters made on first run
+// and kept in <home>/id-<role>, so a serve and a run on one machine are two devices.
+Result<std::string> DeviceId(const std::string& home, const std::string& role);
+// The slice cache: $DAISY_CACHE_DIR, else DeviceHome()/cache when DAISY_HOME is set, else
+// the Hub client's default.
+std::string DeviceCacheDir();
+// Bytes this device can give to weights: MemAvailable from /proc/meminfo, or
+// $DAISY_FREE_MEMORY (bytes) when set (tests and demos simulate small devices with it).
+uint64_t FreeMemoryBytes();
+// The hello of this device: capacity measured through the live kernel, probe, backend.
+wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities);
+
+// What every device of a ring must agree on before it runs a hop: the normalized spec
+// (XXH64 of its fields) and the model load (wire::ModelHash of repo id, pinned commit and a
+// digest of the tensor index: names, dtypes, shapes and offsets).
+uint64_t SpecHash(const ModelSpec& spec);
+uint32_t ModelHashOf(const ModelSource& source, const TensorIndex& index);
+
+struct NodeOptions {
+  std::string role = "node";       // which id under DAISY_HOME this device uses
+  std::string rendezvous;          // "tcp://HOST:PORT"
+  std::string room = "default";
+  std::string name;                // empty: the host name
+  std::string bind_host = "127.0.0.1";  // the address peers reach this device at
+  HubOptions hub;                  // this device's own credentials and cache
+  bool print_tokens = true;        // print the token stream as it arrives
+  const std::atomic<bool>* stop = nullptr;  // stops the loop when it becomes true
+};
+
+// Runs the member loop until *options.stop is true. Survives a head that disappears and
+// serves the next turn. Returns an error only when it cannot start.
+Status RunNode(const NodeOptions& options);
+
+}  // namespace daisy

@@ -1,0 +1,77 @@
+// The ring plan: pure functions of value types (DESIGN.md "The plan"). Every device derives
+// the same plan from the same reports. Thread-safe (no state).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daisy/model.h"
+#include "daisy/status.h"
+
+namespace daisy {
+
+// What a device reports in its hello.
+struct DeviceReport {
+  std::string id;            // peer id; devices after the head are ordered by it
+  std::string name;          // for people
+  double gemms_per_s = 0;    // measured through the live kernel on the reference GEMM
+  uint64_t free_memory = 0;  // bytes the device can give to weights and KV cache
+  uint64_t probe_hash = 0;   // kernels::ProbeHash(); must equal the head's
+  std::string backend;
+};
+
+// What planning needs to know of the model, independent of any device.
+struct PlanModel {
+  int n_layers = 0;
+  uint64_t layer_bytes = 0;        // resident bytes of one layer (int8 weights + KV cache)
+  uint64_t head_bytes = 0;         // the head's extra tensors (embedding, LM head, norms)
+  double layer_cost_gemms = 0;     // one token through one layer, in reference GEMMs
+};
+// Resident sizes from the spec: int8 matrices + one f32 scale per row, f32 norms and
+// biases, and an int8 KV cache of ctx positions (+ one f32 scale per position and head).
+PlanModel PlanModelFromSpec(const ModelSpec& spec, int ctx);
+
+struct PlanOptions {
+  std::optional<int> stages;                    // split over exactly this many devices
+  std::optional<std::vector<int>> layer_counts; // explicit layers per stage, head first
+  double max_seconds_per_token = 120;           // refuse before any download above this
+};
+
+struct StageAssignment {
+  std::string device_id;
+  std::string device_name;
+  int first = 0;  // layers [first, end)
+  int end = 0;
+  uint64_t hold_bytes = 0;
+};
+
+struct Plan {
+  std::vector<StageAssignment> stages;  // stage 0 is the head
+  double est_seconds_per_token = 0;
+  std::vector<std::string> notes;       // devices left out or dropped, and why
+};
+
+// Capacities + free memory + model -> plan. devices[0] is the head. The head is stage 0,
+// then devices ordered by id; layers by largest remainder of capacity, capped by memory;
+// a non-head device with zero layers is dropped; a device whose probe differs from the
+// head's is left out. When the head can hold the whole model and no split was asked for,
+// the plan is the head alone.
+Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& devices, const PlanOptions& options);
+
+// Refuses a plan that does not cover [0, n_layers) exactly once in order, whose stage 0 is
+// not the head, or in which a device appears twice or a non-head stage is empty.
+Status ValidateAssignment(const Plan& plan, int n_layers, const std::string& head_id);
+
+// Where an activation goes after `from_stage` has run its layers: the next stage, or the
+// head's RETURN address at the end of the lap. RETURN is never "stage 0": stage 0 starts a
+// lap, RETURN ends one.
+inline constexpr int kReturnAddress = -1;
+struct Hop {
+  bool to_return = false;
+  int stage = 0;  // valid when !to_return
+};
+Result<Hop> Route(const Plan& plan, int from_stage);
+
+}  // namespace daisy

@@ -1,0 +1,152 @@
+// The ring's messages as bytes (docs/WIRE.md has the diagrams). A codec on byte spans: no
+// sockets, no allocation driven by an unchecked length. Explicit little-endian, no packed
+// structs, every length capped before allocation, every field validated; a malformed frame
+// returns an error naming what was wrong and never crashes. Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "daisy/status.h"
+
+namespace daisy::wire {
+
+// Sentinel tags continue the original numbering; a tag keeps its number forever.
+enum class Tag : int32_t {
+  kHello = -20,
+  kAssignment = -21,
+  kReady = -22,
+  kActivation = -23,
+  kToken = -24,
+  kDone = -25,
+  kHeartbeat = -26,
+  kError = -27,
+  kBye = -28,
+  kJoin = -29,
+  kPeers = -30,
+};
+
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kMaxString = 1024;          // any string field
+inline constexpr size_t kMaxStages = 256;
+inline constexpr size_t kMaxFrameBytes = 256u << 20; // an activation of a long prefill chunk fits
+// Activation `next` field: the index of the stage to run, or RETURN (the head's return leg).
+inline constexpr int32_t kNextReturn = -1;
+
+// Capability bits of a hello.
+enum Capability : uint32_t {
+  kCapCompute = 1u << 0,  // can hold layers
+  kCapHead = 1u << 1,     // can act as head
+};
+
+struct Hello {
+  uint16_t protocol_version = kProtocolVersion;
+  uint32_t capabilities = kCapCompute;
+  double gemms_per_s = 0;
+  uint64_t probe_hash = 0;
+  uint64_t free_memory = 0;
+  std::string backend;
+  std::string device_id;
+  std::string name;
+};
+
+struct StageEntry {
+  std::string device_id;
+  std::string address;   // the stage's inbox ("tcp://host:port"): stage links are direct
+  int32_t first = 0;
+  int32_t end = 0;
+};
+
+struct Assignment {
+  uint32_t turn = 0;           // which planning round this belongs to
+  std::string model_id;        // "owner/name" or a local path id
+  std::string revision;        // pinned commit
+  uint64_t spec_hash = 0;      // hash of the normalized ModelSpec the head derived
+  uint32_t model_hash = 0;     // what activations of this model carry
+  int32_t ctx = 0;             // context length of the KV caches
+  std::vector<StageEntry> stages;  // the whole plan, head first (never weights)
+  int32_t your_stage = 0;
+};
+// The RETURN leg goes to stages[0].address with next = kNextReturn.
+
+struct Ready {
+  int32_t stage = 0;
+  uint64_t bytes_held = 0;
+};
+
+// Header [i32 tag][i32 seq][i32 token_index][i32 next][u32 act_hash][u32 model_hash], then
+// n_tokens x hidden f32 values. token_index is the position of the first row.
+struct Activation {
+  int32_t seq = 0;
+  int32_t token_index = 0;
+  int32_t next = 0;
+  uint32_t act_hash = 0;     // ActHash(values): "did the payload arrive intact"
+  uint32_t model_hash = 0;   // "is this the model I hold a slice of"
+  std::vector<float> values;
+};
+
+struct Token {
+  int32_t seq = 0;
+  int32_t position = 0;
+  int32_t token_id = 0;
+};
+
+enum class FinishReason : uint8_t { kStop = 0, kLength = 1, kCancelled = 2, kError = 3 };
+struct Done {
+  int32_t seq = 0;
+  FinishReason reason = FinishReason::kStop;
+};
+
+struct Heartbeat {
+  uint64_t millis = 0;
+  std::string device_id;
+};
+
+struct ErrorMsg {
+  uint16_t code = 0;
+  std::string message;
+};
+
+struct Bye {
+  std::string device_id;
+};
+
+// Device -> rendezvous: "put me in this room". Carries the hello (capacity, probe, ...)
+// and the device's inbox address; never a prompt, a token or an activation.
+struct Join {
+  std::string room;
+  std::string address;
+  Hello hello;
+};
+
+// Rendezvous -> device: the approved members of its room.
+struct Peer {
+  std::string address;
+  Hello hello;
+};
+struct Peers {
+  std::string room;
+  std::vector<Peer> peers;
+};
+inline constexpr size_t kMaxPeers = 256;
+
+using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers>;
+
+std::vector<uint8_t> Encode(const Message& message);
+// Decodes one whole frame. `hidden` is the activation row width the receiver expects (0:
+// accept any whole number of floats). Never throws, never reads outside `frame`.
+Result<Message> Decode(std::span<const uint8_t> frame, int hidden = 0);
+
+// XXH32 of the f32 payload bytes (little-endian): catches a one-ulp flip and -0 vs +0.
+uint32_t ActHash(std::span<const float> values);
+// Identifies a model load: repo id, pinned commit and the tensor index (names, dtypes,
+// shapes, offsets) hashed together.
+uint32_t ModelHash(std::string_view model_id, std::string_view revision, std::string_view tensor_index_digest);
+
+std::string_view TagName(int32_t tag);
+
+}  // namespace daisy::wire

@@ -1,0 +1,167 @@
+// The generate, eval and bench commands, run as a user would: the daisychain binary from
+// the build tree ($DAISY_BIN_DIR/apps/cli/daisychain) on the bundled stories260K.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "daisy/forward.h"
+#include "daisy/model.h"
+
+namespace daisy {
+namespace {
+
+namespace fs = std::filesystem;
+
+// From the environment ctest sets, else the build's own paths (compiled in).
+std::string Env(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+std::string Binary() { return Env("DAISY_BIN_DIR", DAISY_BIN_DIR_DEFAULT) + "/apps/cli/daisychain"; }
+std::string Stories() { return Env("DAISY_MODELS", DAISY_MODELS_DEFAULT) + "/stories260K"; }
+
+struct Output {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs a shell command line, capturing stdout (stderr goes to the test log). A command
+// that hangs is killed after two minutes and fails the test instead of stalling ctest.
+Output RunCommand(const std::string& cmd) {
+  Output o;
+  FILE* p = popen(("timeout 120 " + cmd).c_str(), "r");
+  if (!p) return o;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), n);
+  const int st = pclose(p);
+  o.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return o;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(Binary())) << Binary() << " is missing: build the daisychain target first";
+    ASSERT_TRUE(fs::exists(Stories() + "/config.json")) << Stories();
+  }
+};
+
+TEST_F(Cli, GenerateJsonTellsAStory) {
+  const Output r = RunCommand(Binary() + " generate --model " + Stories() +
+                              " --prompt \"Once upon a time\" -n 60 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_ids"], nlohmann::json({1, 403, 407, 261, 378}));
+  ASSERT_TRUE(j["ids"].is_array());
+  EXPECT_EQ(j["ids"].size(), 60u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_FALSE(j["backend"].get<std::string>().empty());
+  EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["peak_memory_bytes"].get<double>(), 0);
+  const std::string text = j["text"];
+  ASSERT_EQ(text.rfind("Once upon a time", 0), 0u) << text;
+  // A story: many words of letters, sentences ending with a period.
+  std::istringstream words(text);
+  int n_words = 0, alpha_words = 0;
+  for (std::string w; words >> w; ++n_words)
+    alpha_words += std::isalpha(static_cast<unsigned char>(w[0])) != 0;
+  EXPECT_GE(n_words, 30) << text;
+  EXPECT_GE(alpha_words, n_words * 9 / 10) << text;
+  EXPECT_NE(text.find(". "), std::string::npos) << text;
+  EXPECT_EQ(text, "Once upon a time" + j["completion"].get<std::string>());
+}
+
+TEST_F(Cli, GenerateStreamsTheSameText) {
+  const Output js = RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Lily and Ben\" -n 40 --json");
+  const Output plain = RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Lily and Ben\" -n 40 2>/dev/null");
+  ASSERT_EQ(js.exit_code, 0);
+  ASSERT_EQ(plain.exit_code, 0);
+  EXPECT_EQ(plain.out, nlohmann::json::parse(js.out)["text"].get<std::string>() + "\n");
+}
+
+TEST_F(Cli, GenerateStopsOnAStopId) {
+  const Output a = RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Once upon a time\" -n 20 --json");
+  ASSERT_EQ(a.exit_code, 0);
+  const auto ids = nlohmann::json::parse(a.out)["ids"].get<std::vector<int>>();
+  const Output b = RunCommand(Binary() + " generate --model " + Stories() +
+                              " --prompt \"Once upon a time\" -n 20 --json --stop-id " + std::to_string(ids[3]));
+  ASSERT_EQ(b.exit_code, 0);
+  const nlohmann::json j = nlohmann::json::parse(b.out);
+  EXPECT_EQ(j["finish_reason"], "stop");
+  EXPECT_EQ(j["stop_id"], ids[3]);
+  // Refused settings fail with a message, not a crash.
+  const Output c = RunCommand(Binary() + " generate --model " + Stories() + " --prompt x --temperature -1 2>&1");
+  EXPECT_NE(c.exit_code, 0);
+  EXPECT_NE(c.out.find("temperature"), std::string::npos) << c.out;
+}
+
+TEST_F(Cli, EvalDumpsTheEnginesLogits) {
+  std::ifstream f(Stories() + "/reference/logits.json");
+  const nlohmann::json ref = nlohmann::json::parse(f);
+  const std::vector<int32_t> ids = ref["token_ids"].get<std::vector<int32_t>>();
+  const fs::path dir = fs::path(::testing::TempDir()) / ("daisy_eval_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "ids.json") << nlohmann::json(ids).dump();
+  const Output r = RunCommand(Binary() + " eval --model " + Stories() + " --ids-file " + (dir / "ids.json").string() +
+                              " --json --chunk 16 --dump-logits " + (dir / "logits.bin").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["positions"], 63);
+  EXPECT_EQ(j["top1"].size(), 63u);
+  EXPECT_GT(j["mean_nll"].get<double>(), 0.0);
+  EXPECT_LT(j["mean_nll"].get<double>(), 3.0);  // a trained model on its own kind of text
+  EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(j["mean_nll"].get<double>()), 1e-9);
+  // The dump is [63, 512] float32 and equals the in-process forward pass bit for bit.
+  std::ifstream bin(dir / "logits.bin", std::ios::binary);
+  std::vector<float> dumped(63 * 512);
+  bin.read(reinterpret_cast<char*>(dumped.data()), static_cast<std::streamsize>(dumped.size() * 4));
+  ASSERT_EQ(bin.gcount(), static_cast<std::streamsize>(dumped.size() * 4));
+  EXPECT_EQ(bin.peek(), std::char_traits<char>::eof());
+  auto src = OpenLocalFolder(Stories());
+  ASSERT_TRUE(src.ok());
+  auto info = LoadModelInfo(**src);
+  ASSERT_TRUE(info.ok());
+  auto p = LocalPipeline::Load(**src, *info, std::vector<int>{5}, 512);
+  ASSERT_TRUE(p.ok());
+  auto want = p->head().ForwardAll(std::span<const int32_t>(ids).subspan(0, 63), 0);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(std::memcmp(want->data(), dumped.data(), dumped.size() * 4), 0);
+  for (size_t i = 0; i < 63; ++i) {
+    const float* row = &(*want)[i * 512];
+    EXPECT_EQ(j["top1"][i].get<int>(), std::max_element(row, row + 512) - row);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_F(Cli, BenchReportsThroughput) {
+  const Output r = RunCommand(Binary() + " bench --json --kernel-seconds 0.02 --prompt-tokens 32 --decode-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["kernels"].is_array());
+  ASSERT_FALSE(j["kernels"].empty());
+  for (const auto& k : j["kernels"]) {
+    EXPECT_GT(k["gemv_gops"].get<double>(), 0) << k.dump();
+    EXPECT_GT(k["gemm_gops"].get<double>(), 0) << k.dump();
+  }
+  EXPECT_EQ(j["prefill_tokens"], 32);
+  EXPECT_EQ(j["decode_tokens"], 15);  // the first token comes from the prefill's logits
+  EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["probe_hash"].get<std::string>().size(), 16u);
+  EXPECT_GT(j["peak_memory_bytes"].get<double>(), 0);
+}
+
+}  // namespace
+}  // namespace daisy

@@ -1,0 +1,496 @@
+// The forward pass: Embed -> RunLayers -> Readout, the KV cache and the in-process stages.
+// Reads top to bottom like the model; every product is a verified INT8 unit, every f32 op
+// is in ops.h with a fixed evaluation order.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "daisy/forward.h"
+#include "ops.h"
+
+namespace daisy {
+
+namespace {
+
+using kernels::QMatrixView;
+
+std::string At(int layer, int position) {
+  return "layer " + std::to_string(layer) + ", position " + std::to_string(position);
+}
+
+// The error for a product whose input x (m, k) was refused as non-finite.
+Status NonFiniteInput(const char* what, const float* x, int k, int layer, const std::vector<int32_t>& positions) {
+  const int64_t n = static_cast<int64_t>(positions.size()) * k;
+  const int64_t bad = ops::FirstNonFinite(x, n);
+  const int row = bad < 0 ? 0 : static_cast<int>(bad / k);
+  return DataLoss(At(layer, positions[static_cast<size_t>(row)]) + ": non-finite " + what + "; refused");
+}
+
+// Refuses hidden states holding inf or NaN, naming where.
+Status CheckFinite(const HiddenStates& h, const std::string& where) {
+  const int64_t bad = ops::FirstNonFinite(h.values.data(), static_cast<int64_t>(h.values.size()));
+  if (bad < 0) return Status::Ok();
+  const int row = static_cast<int>(bad / h.hidden);
+  return DataLoss(where + ", position " + std::to_string(h.positions[static_cast<size_t>(row)]) +
+                  ": non-finite hidden state; refused");
+}
+
+void Norm(const ModelSpec& spec, const float* x, const std::vector<float>& w, const std::vector<float>& b,
+          float* out) {
+  if (spec.norm == NormType::kLayerNorm)
+    ops::LayerNorm(x, w.data(), b.data(), spec.hidden, spec.norm_eps, out);
+  else
+    ops::RmsNorm(x, w.data(), spec.hidden, spec.norm_eps, out);
+}
+
+// Query rows attended together: bounds the score buffer to kQueryBlock * group * ctx.
+constexpr int kQueryBlock = 128;
+
+// Causal attention of one layer for the batch, reading keys and values from the cache
+// (which already holds this batch's). q (n, n_heads * head_dim) after RoPE; att the same.
+// See docs/KERNELS.md "Attention and the KV cache" for why each step is batch-independent.
+Status Attention(const ModelSpec& spec, const LayerWeights& L, const KvCache::Layer& cache, int ctx,
+                 const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att) {
+  const int n = static_cast<int>(positions.size());
+  const int hd = spec.head_dim;
+  const int group = spec.n_heads / spec.n_kv_heads;
+  const int window = L.sliding_window ? spec.sliding_window : 0;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  // Keys visible to the query at position p: [first_key(p), p].
+  auto first_key = [&](int p) { return window > 0 ? std::max(0, p - window + 1) : 0; };
+
+  std::vector<int8_t> qq, pq;
+  std::vector<float> qs, scores, ps, out;
+  for (int b0 = 0; b0 < n; b0 += kQueryBlock) {
+    const int bn = std::min(kQueryBlock, n - b0);
+    const int rows = bn * group;
+    const int k0 = first_key(positions[static_cast<size_t>(b0)]);
+    const int nk = positions[static_cast<size_t>(b0 + bn - 1)] + 1 - k0;
+    qq.resize(static_cast<size_t>(rows) * hd);
+    qs.resize(static_cast<size_t>(rows));
+    scores.resize(static_cast<size_t>(rows) * nk);
+    pq.resize(static_cast<size_t>(rows) * nk);
+    ps.resize(static_cast<size_t>(rows));
+    out.resize(static_cast<size_t>(rows) * hd);
+    for (int g = 0; g < spec.n_kv_heads; ++g) {
+      // Q rows quantized per (query position, head); query head h uses kv head h / group
+      for (int i = 0; i < bn; ++i)
+        for (int j = 0; j < group; ++j) {
+          const int r = i * group + j;
+          const float* qrow = q + static_cast<size_t>(b0 + i) * q_stride + static_cast<size_t>((g * group + j) * hd);
+          if (!kernels::QuantizeRow(qrow, hd, &qq[static_cast<size_t>(r) * hd], &qs[static_cast<size_t>(r)]))
+            return DataLoss(At(L.layer, positions[static_cast<size_t>(b0 + i)]) + ": non-finite query; refused");
+        }
+      // scores = Q . K^T over keys [k0, k0 + nk), K int8 with its per-position scales
+      const size_t kbase = static_cast<size_t>(g) * static_cast<size_t>(ctx) + static_cast<size_t>(k0);
+      const QMatrixView kview{cache.k.data() + kbase * hd, cache.k_scale.data() + kbase, nullptr, nk, hd,
+                              static_cast<size_t>(hd)};
+      kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kview, scores.data(),
+                       static_cast<size_t>(nk));
+      // softmax over the visible keys in f32, in key order; fold V's scales into p
+      const float* vscale = cache.v_scale.data() + kbase;
+      for (int r = 0; r < rows; ++r) {
+        const int p = positions[static_cast<size_t>(b0 + r / group)];
+        const int a = first_key(p) - k0;
+        const int e = p + 1 - k0;
+        float* s = &scores[static_cast<size_t>(r) * nk];
+        for (int t = a; t < e; ++t) s[t] = s[t] * scale;
+        ops::Softmax(s + a, e - a);
+        for (int t = a; t < e; ++t) s[t] = s[t] * vscale[t];
+        // Invisible keys get exactly 0: they add nothing to the int32 sums below.
+        std::fill(s, s + a, 0.0f);
+        std::fill(s + e, s + nk, 0.0f);
+        if (!kernels::QuantizeRow(s, nk, &pq[static_cast<size_t>(r) * nk], &ps[static_cast<size_t>(r)]))
+          return DataLoss(At(L.layer, p) + ": non-finite attention scores; refused");
+      }
+      // out = P' . V: V^T (head_dim, ctx) per kv head is the weight, k = the keys
+      const QMatrixView vview{cache.vt.data() + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
+                              nullptr, nullptr, hd, nk, static_cast<size_t>(ctx)};
+      kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(),
+                       static_cast<size_t>(hd));
+      for (int i = 0; i < bn; ++i)
+        for (int j = 0; j < group; ++j)
+          std::memcpy(att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>((g * group + j) * hd),
+                      &out[static_cast<size_t>(i * group + j) * hd], sizeof(float) * static_cast<size_t>(hd));
+    }
+  }
+  return Status::Ok();
+}
+
+// One transformer block over the batch, in place.
+Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, const std::vector<float>& cos,
+                const std::vector<float>& sin) {
+  const ModelSpec& s = w.spec();
+  const LayerWeights& L = w.layer(l);
+  KvCache::Layer& cache = kv.layer(l);
+  const int n = h.n_tokens();
+  const int H = s.hidden, hd = s.head_dim, half = hd / 2, ctx = kv.ctx();
+  const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim;
+  const int ffn = s.intermediate;
+  const auto& pos = h.positions;
+  float* x = h.values.data();
+
+  std::vector<float> xb(static_cast<size_t>(n) * H);
+  std::vector<float> qkv(static_cast<size_t>(n) * qkv_dim);
+  std::vector<float> att(static_cast<size_t>(n) * q_dim);
+  std::vector<float> o(static_cast<size_t>(n) * H);
+
+  // attention norm
+  for (int i = 0; i < n; ++i)
+    Norm(s, x + static_cast<size_t>(i) * H, L.attn_norm, L.attn_norm_bias, &xb[static_cast<size_t>(i) * H]);
+  // q, k, v projections (one product)
+  if (!kernels::MatMul(xb.data(), n, L.qkv.View(), qkv.data()))
+    return NonFiniteInput("attention input", xb.data(), H, l, pos);
+  // RoPE on q and k
+  if (!s.learned_positions) {
+    for (int i = 0; i < n; ++i) {
+      float* row = &qkv[static_cast<size_t>(i) * qkv_dim];
+      const float* c = &cos[static_cast<size_t>(i) * half];
+      const float* sn = &sin[static_cast<size_t>(i) * half];
+      for (int hh = 0; hh < s.n_heads + s.n_kv_heads; ++hh) ops::Rope(row + hh * hd, hd, c, sn);
+    }
+  }
+  // k and v enter the cache: int8, one scale per (position, kv head), v transposed
+  std::vector<int8_t> vq(static_cast<size_t>(hd));
+  for (int i = 0; i < n; ++i) {
+    const int p = pos[static_cast<size_t>(i)];
+    const float* krow = &qkv[static_cast<size_t>(i) * qkv_dim + q_dim];
+    const float* vrow = krow + kv_dim;
+    for (int g = 0; g < s.n_kv_heads; ++g) {
+      const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
+      if (!kernels::QuantizeRow(krow + g * hd, hd, &cache.k[slot * hd], &cache.k_scale[slot]))
+        return DataLoss(At(l, p) + ": non-finite key; refused");
+      if (!kernels::QuantizeRow(vrow + g * hd, hd, vq.data(), &cache.v_scale[slot]))
+        return DataLoss(At(l, p) + ": non-finite value; refused");
+      for (int d = 0; d < hd; ++d)
+        cache.vt[(static_cast<size_t>(g) * hd + static_cast<size_t>(d)) * ctx + static_cast<size_t>(p)] = vq[static_cast<size_t>(d)];
+    }
+  }
+  // attention (causal; sliding window where the layer has one)
+  DAISY_RETURN_IF_ERROR(Attention(s, L, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
+  // output projection
+  if (!kernels::MatMul(att.data(), n, L.o.View(), o.data()))
+    return NonFiniteInput("attention output", att.data(), q_dim, l, pos);
+  // residual
+  for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
+  // MLP norm
+  for (int i = 0; i < n; ++i)
+    Norm(s, x + static_cast<size_t>(i) * H, L.mlp_norm, L.mlp_norm_bias, &xb[static_cast<size_t>(i) * H]);
+  // gate | up projections (one product)
+  const int gu = L.gate_up.n;
+  std::vector<float> hb(static_cast<size_t>(n) * gu);
+  if (!kernels::MatMul(xb.data(), n, L.gate_up.View(), hb.data()))
+    return NonFiniteInput("MLP input", xb.data(), H, l, pos);
+  // SwiGLU: silu(gate) * up | GELU (tanh approximation)
+  std::vector<float> act(static_cast<size_t>(n) * ffn);
+  for (int i = 0; i < n; ++i) {
+    const float* g = &hb[static_cast<size_t>(i) * gu];
+    float* a = &act[static_cast<size_t>(i) * ffn];
+    if (s.gated_mlp) {
+      const float* u = g + ffn;
+      for (int j = 0; j < ffn; ++j) a[j] = (s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j])) * u[j];
+    } else {
+      for (int j = 0; j < ffn; ++j) a[j] = s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j]);
+    }
+  }
+  // down projection
+  if (!kernels::MatMul(act.data(), n, L.down.View(), o.data()))
+    return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
+  // residual
+  for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
+  // refuse non-finite hidden states (never forwarded)
+  return CheckFinite(h, "layer " + std::to_string(l));
+}
+
+Status CheckBatch(const ModelSpec& spec, const HiddenStates& h) {
+  if (h.n_tokens() == 0) return InvalidArgument("hidden states with no positions");
+  if (h.hidden != spec.hidden)
+    return InvalidArgument("hidden states of width " + std::to_string(h.hidden) + ", the model's is " +
+                           std::to_string(spec.hidden));
+  if (h.values.size() != static_cast<size_t>(h.n_tokens()) * static_cast<size_t>(h.hidden))
+    return InvalidArgument("hidden states: " + std::to_string(h.values.size()) + " values for " +
+                           std::to_string(h.n_tokens()) + " rows");
+  for (int i = 1; i < h.n_tokens(); ++i)
+    if (h.positions[static_cast<size_t>(i)] != h.positions[0] + i)
+      return InvalidArgument("hidden states: positions are not consecutive");
+  if (h.positions[0] < 0) return InvalidArgument("hidden states: negative position");
+  return Status::Ok();
+}
+
+Result<std::vector<float>> ReadoutRows(const StageWeights& w, const HiddenStates& h, int begin) {
+  if (!w.has_head()) return Internal("Bug: Readout on a stage without the head");
+  DAISY_RETURN_IF_ERROR(CheckBatch(w.spec(), h));
+  const ModelSpec& s = w.spec();
+  const HeadWeights& head = w.head();
+  const int m = h.n_tokens() - begin;
+  const int H = s.hidden;
+  // final norm
+  std::vector<float> xb(static_cast<size_t>(m) * H);
+  for (int i = 0; i < m; ++i)
+    Norm(s, h.Row(begin + i).data(), head.final_norm, head.final_norm_bias, &xb[static_cast<size_t>(i) * H]);
+  // LM head
+  std::vector<float> logits(static_cast<size_t>(m) * head.lm_head.n);
+  if (!kernels::MatMul(xb.data(), m, head.lm_head.View(), logits.data()))
+    return DataLoss("readout, position " + std::to_string(h.positions[static_cast<size_t>(begin)]) +
+                    ": non-finite final norm; refused");
+  return logits;
+}
+
+}  // namespace
+
+HiddenStates HiddenStates::Slice(int begin, int end) const {
+  HiddenStates out;
+  out.hidden = hidden;
+  out.positions.assign(positions.begin() + begin, positions.begin() + end);
+  out.values.assign(values.begin() + static_cast<ptrdiff_t>(begin) * hidden,
+                    values.begin() + static_cast<ptrdiff_t>(end) * hidden);
+  return out;
+}
+
+// --- KvCache --------------------------------------------------------------------------
+
+KvCache::KvCache(const ModelSpec& spec, int first, int end, int ctx) : first_(first), end_(end), ctx_(ctx) {
+  DAISY_CHECK(ctx > 0 && first <= end, "Bug: KvCache with an empty context or range");
+  const size_t slots = static_cast<size_t>(spec.n_kv_heads) * static_cast<size_t>(ctx);
+  layers_.resize(static_cast<size_t>(end - first));
+  for (Layer& l : layers_) {
+    l.k.assign(slots * static_cast<size_t>(spec.head_dim), 0);
+    l.k_scale.assign(slots, 0.0f);
+    l.vt.assign(slots * static_cast<size_t>(spec.head_dim), 0);
+    l.v_scale.assign(slots, 0.0f);
+  }
+}
+
+KvCache KvCache::Copy() const {
+  KvCache c;
+  c.first_ = first_;
+  c.end_ = end_;
+  c.ctx_ = ctx_;
+  c.length_ = length_;
+  c.layers_ = layers_;
+  return c;
+}
+
+void KvCache::Truncate(int n) {
+  DAISY_CHECK(n >= 0 && n <= length_, "Bug: KvCache::Truncate beyond its length");
+  length_ = n;
+}
+
+void KvCache::set_length(int n) {
+  DAISY_CHECK(n >= 0 && n <= ctx_, "Bug: KvCache length beyond its context");
+  length_ = n;
+}
+
+size_t KvCache::Bytes() const {
+  size_t b = 0;
+  for (const Layer& l : layers_) b += l.k.size() + l.vt.size() + 4 * (l.k_scale.size() + l.v_scale.size());
+  return b;
+}
+
+KvCache::Layer& KvCache::layer(int l) {
+  DAISY_CHECK(l >= first_ && l < end_, "Bug: KV cache layer outside its range");
+  return layers_[static_cast<size_t>(l - first_)];
+}
+
+const KvCache::Layer& KvCache::layer(int l) const {
+  DAISY_CHECK(l >= first_ && l < end_, "Bug: KV cache layer outside its range");
+  return layers_[static_cast<size_t>(l - first_)];
+}
+
+// --- Embed / RunLayers / Readout ------------------------------------------------------
+
+Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> tokens, int first_position) {
+  if (!w.has_head()) return Internal("Bug: Embed on a stage without the head");
+  const ModelSpec& s = w.spec();
+  const HeadWeights& head = w.head();
+  if (tokens.empty()) return InvalidArgument("no tokens to embed");
+  if (first_position < 0) return InvalidArgument("negative position");
+  HiddenStates h;
+  h.hidden = s.hidden;
+  h.positions.resize(tokens.size());
+  h.values.resize(tokens.size() * static_cast<size_t>(s.hidden));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t id = tokens[i];
+    const int p = first_position + static_cast<int>(i);
+    if (id < 0 || id >= s.vocab)
+      return InvalidArgument("token id " + std::to_string(id) + " at position " + std::to_string(p) +
+                             " is outside the model's vocabulary of " + std::to_string(s.vocab));
+    h.positions[i] = p;
+    // token embedding (exact row)
+    float* row = h.Row(static_cast<int>(i)).data();
+    head.embed.Row(id, row);
+    // learned position embedding (GPT-2)
+    if (s.learned_positions) {
+      if (p >= s.max_positions)
+        return OutOfRange("position " + std::to_string(p) + " is beyond the model's " +
+                          std::to_string(s.max_positions) + " learned positions");
+      const float* pe = &head.positions[static_cast<size_t>(p) * s.hidden];
+      for (int j = 0; j < s.hidden; ++j) row[j] = row[j] + pe[j];
+    }
+  }
+  DAISY_RETURN_IF_ERROR(CheckFinite(h, "embedding"));
+  return h;
+}
+
+Status RunLayers(const StageWeights& w, int first, int end, HiddenStates& hidden, KvCache& kv) {
+  const ModelSpec& s = w.spec();
+  if (first < w.first() || end > w.end() || first > end || first < kv.first() || end > kv.end())
+    return Internal("Bug: RunLayers range [" + std::to_string(first) + ", " + std::to_string(end) +
+                    ") outside the stage's weights or cache");
+  DAISY_RETURN_IF_ERROR(CheckBatch(s, hidden));
+  const int p0 = hidden.positions[0];
+  const int n = hidden.n_tokens();
+  if (p0 > kv.length())
+    return InvalidArgument("hidden states start at position " + std::to_string(p0) + " but the cache holds only " +
+                           std::to_string(kv.length()) + " positions");
+  if (p0 + n > kv.ctx())
+    return OutOfRange("positions up to " + std::to_string(p0 + n - 1) + " do not fit in the context of " +
+                      std::to_string(kv.ctx()));
+  // Forget what follows p0 (a rewind); this batch's keys replace it.
+  kv.Truncate(p0);
+  // RoPE angles of this batch, shared by every layer and head
+  const int half = s.head_dim / 2;
+  std::vector<float> cos, sin;
+  if (!s.learned_positions) {
+    cos.resize(static_cast<size_t>(n) * half);
+    sin.resize(static_cast<size_t>(n) * half);
+    for (int i = 0; i < n; ++i)
+      ops::RopeAngles(hidden.positions[static_cast<size_t>(i)], w.rope_inv_freq().data(), half,
+                      &cos[static_cast<size_t>(i) * half], &sin[static_cast<size_t>(i) * half]);
+  }
+  for (int l = first; l < end; ++l) DAISY_RETURN_IF_ERROR(RunLayer(w, l, hidden, kv, cos, sin));
+  kv.set_length(p0 + n);
+  return Status::Ok();
+}
+
+Result<std::vector<float>> Readout(const StageWeights& w, const HiddenStates& hidden) {
+  if (hidden.n_tokens() == 0) return InvalidArgument("Readout of no positions");
+  return ReadoutRows(w, hidden, hidden.n_tokens() - 1);
+}
+
+Result<std::vector<float>> ReadoutAll(const StageWeights& w, const HiddenStates& hidden) {
+  if (hidden.n_tokens() == 0) return InvalidArgument("Readout of no positions");
+  return ReadoutRows(w, hidden, 0);
+}
+
+// --- Stages ---------------------------------------------------------------------------
+
+LocalStage::LocalStage(const StageWeights& weights, int ctx, StageLink* next)
+    : weights_(weights), kv_(weights.spec(), weights.first(), weights.end(), ctx), next_(next) {}
+
+Result<HiddenStates> LocalStage::Run(HiddenStates hidden) {
+  DAISY_RETURN_IF_ERROR(RunLayers(weights_, weights_.first(), weights_.end(), hidden, kv_));
+  if (next_ == nullptr) return hidden;
+  return next_->Run(std::move(hidden));
+}
+
+HeadStage::HeadStage(const StageWeights& head, int ctx, StageLink* rest)
+    : head_(head), kv_(head.spec(), head.first(), head.end(), ctx), rest_(rest) {
+  DAISY_CHECK(head.has_head() && head.first() == 0, "Bug: HeadStage needs the head's weights from layer 0");
+}
+
+Result<HiddenStates> HeadStage::Hidden(std::span<const int32_t> tokens, int first_position) {
+  // embedding
+  DAISY_ASSIGN_OR_RETURN(HiddenStates h, Embed(head_, tokens, first_position));
+  // the head's own layers
+  DAISY_RETURN_IF_ERROR(RunLayers(head_, head_.first(), head_.end(), h, kv_));
+  if (rest_ == nullptr) return h;
+  // the rest of the ring, back to the head
+  const std::vector<int32_t> sent = h.positions;
+  DAISY_ASSIGN_OR_RETURN(HiddenStates back, rest_->Run(std::move(h)));
+  if (back.positions != sent || back.hidden != spec().hidden ||
+      back.values.size() != sent.size() * static_cast<size_t>(spec().hidden))
+    return DataLoss("the hidden states that came back do not match the positions sent");
+  DAISY_RETURN_IF_ERROR(CheckFinite(back, "returned hidden states"));
+  return back;
+}
+
+Result<std::vector<float>> HeadStage::Forward(std::span<const int32_t> tokens, int first_position) {
+  DAISY_ASSIGN_OR_RETURN(HiddenStates h, Hidden(tokens, first_position));
+  return Readout(head_, h);
+}
+
+Result<std::vector<float>> HeadStage::ForwardAll(std::span<const int32_t> tokens, int first_position) {
+  DAISY_ASSIGN_OR_RETURN(HiddenStates h, Hidden(tokens, first_position));
+  return ReadoutAll(head_, h);
+}
+
+Result<std::vector<std::pair<int, int>>> StageRanges(int n_layers, std::span<const int> layer_counts) {
+  if (layer_counts.empty()) return InvalidArgument("a split needs at least one stage");
+  std::vector<std::pair<int, int>> ranges;
+  int at = 0;
+  for (int c : layer_counts) {
+    if (c < 0) return InvalidArgument("a stage cannot hold a negative number of layers");
+    ranges.emplace_back(at, at + c);
+    at += c;
+  }
+  if (at != n_layers)
+    return InvalidArgument("the split covers " + std::to_string(at) + " layers; the model has " +
+                           std::to_string(n_layers));
+  return ranges;
+}
+
+int DefaultContext(const ModelSpec& spec) {
+  constexpr int kCap = 4096;
+  return spec.max_positions > 0 ? std::min(spec.max_positions, kCap) : kCap;
+}
+
+Status CheckContext(const ModelSpec& spec, int ctx) {
+  if (ctx < 1) return InvalidArgument("context length must be at least 1, got " + std::to_string(ctx));
+  if (spec.max_positions > 0 && ctx > spec.max_positions)
+    return InvalidArgument("context length " + std::to_string(ctx) + " exceeds the model's " +
+                           std::to_string(spec.max_positions) + " positions");
+  if (ctx > kernels::kMaxK)
+    return InvalidArgument("context length " + std::to_string(ctx) + " exceeds the attention product's limit of " +
+                           std::to_string(kernels::kMaxK) + " keys");
+  return Status::Ok();
+}
+
+// --- LocalPipeline --------------------------------------------------------------------
+
+Status LocalPipeline::Link(int ctx) {
+  DAISY_RETURN_IF_ERROR(CheckContext(weights_[0]->spec(), ctx));
+  stages_.clear();
+  stages_.resize(weights_.size() > 0 ? weights_.size() - 1 : 0);
+  StageLink* next = nullptr;
+  for (size_t i = weights_.size(); i-- > 1;) {
+    stages_[i - 1] = std::make_unique<LocalStage>(*weights_[i], ctx, next);
+    next = stages_[i - 1].get();
+  }
+  head_ = std::make_unique<HeadStage>(*weights_[0], ctx, next);
+  return Status::Ok();
+}
+
+Result<LocalPipeline> LocalPipeline::Load(ModelSource& source, const ModelInfo& info,
+                                          std::span<const int> layer_counts, int ctx, const ProgressFn& progress) {
+  DAISY_ASSIGN_OR_RETURN(auto ranges, StageRanges(info.spec.n_layers, layer_counts));
+  DAISY_RETURN_IF_ERROR(CheckContext(info.spec, ctx));
+  LocalPipeline p;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(source, info, ranges[i].first, ranges[i].second, i == 0, progress));
+    p.weights_.push_back(std::make_unique<StageWeights>(std::move(w)));
+  }
+  DAISY_RETURN_IF_ERROR(p.Link(ctx));
+  return p;
+}
+
+Result<LocalPipeline> LocalPipeline::FromTensors(const ModelSpec& spec, const HostTensors& tensors,
+                                                 std::span<const int> layer_counts, int ctx) {
+  DAISY_ASSIGN_OR_RETURN(auto ranges, StageRanges(spec.n_layers, layer_counts));
+  DAISY_RETURN_IF_ERROR(CheckContext(spec, ctx));
+  LocalPipeline p;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::FromTensors(spec, tensors, ranges[i].first, ranges[i].second, i == 0));
+    p.weights_.push_back(std::make_unique<StageWeights>(std::move(w)));
+  }
+  DAISY_RETURN_IF_ERROR(p.Link(ctx));
+  return p;
+}
+
+size_t LocalPipeline::WeightBytes() const {
+  size_t b = 0;
+  for (const auto& w : weights_) b += w->Bytes();
+  return b;
+}
+
+}  // namespace daisy

@@ -1,0 +1,80 @@
+#include "ops.h"
+
+#include <bit>
+#include <cmath>
+
+#include "daisy/detmath.h"
+
+namespace daisy::ops {
+
+void RmsNorm(const float* x, const float* w, int n, float eps, float* out) {
+  float ss = 0.0f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float ms = ss / static_cast<float>(n);
+  // sqrt is IEEE correctly rounded, so this is the same everywhere (no rsqrt estimate).
+  const float inv = 1.0f / std::sqrt(ms + eps);
+  for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+void LayerNorm(const float* x, const float* w, const float* b, int n, float eps, float* out) {
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) sum += x[i];
+  const float mean = sum / static_cast<float>(n);
+  float ss = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float d = x[i] - mean;
+    ss += d * d;
+  }
+  const float var = ss / static_cast<float>(n);
+  const float inv = 1.0f / std::sqrt(var + eps);
+  for (int i = 0; i < n; ++i) out[i] = ((x[i] - mean) * inv) * w[i] + b[i];
+}
+
+void Rope(float* x, int head_dim, const float* cos, const float* sin) {
+  const int half = head_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const float a = x[i];
+    const float b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
+void RopeAngles(int position, const float* inv_freq, int half, float* cos, float* sin) {
+  const float p = static_cast<float>(position);  // exact: positions < 2^24
+  for (int i = 0; i < half; ++i) {
+    const float angle = p * inv_freq[i];
+    cos[i] = detmath::Cos(angle);
+    sin[i] = detmath::Sin(angle);
+  }
+}
+
+float Silu(float x) { return x / (1.0f + detmath::Exp(-x)); }
+
+float GeluNew(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  const float inner = x + 0.044715f * ((x * x) * x);
+  return (0.5f * x) * (1.0f + detmath::Tanh(kSqrt2OverPi * inner));
+}
+
+void Softmax(float* x, int n) {
+  float m = x[0];
+  for (int i = 1; i < n; ++i)
+    if (x[i] > m) m = x[i];
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = detmath::Exp(x[i] - m);
+    s += x[i];
+  }
+  for (int i = 0; i < n; ++i) x[i] = x[i] / s;
+}
+
+int64_t FirstNonFinite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    // Exponent all ones = inf or NaN; a bit test stays correct whatever the FP flags.
+    if ((std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u) return i;
+  }
+  return -1;
+}
+
+}  // namespace daisy::ops

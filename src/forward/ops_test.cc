@@ -1,0 +1,183 @@
+// The f32 ops of the forward pass against double-precision references (the references use
+// libm; the ops under test must not), and the RoPE frequency rules against HF's formulas.
+#include "ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "daisy/forward.h"
+
+namespace daisy {
+namespace {
+
+TEST(Ops, RmsNormMatchesDoubleReference) {
+  std::vector<float> x = {1.0f, -2.0f, 3.5f, 0.25f, -7.0f, 0.0f, 1e-3f};
+  std::vector<float> w = {1.0f, 0.5f, 2.0f, -1.0f, 1.5f, 3.0f, 1.0f};
+  std::vector<float> out(x.size());
+  ops::RmsNorm(x.data(), w.data(), static_cast<int>(x.size()), 1e-5f, out.data());
+  double ss = 0;
+  for (float v : x) ss += static_cast<double>(v) * v;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + 1e-5);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(out[i], w[i] * x[i] * inv, 1e-6 * std::fabs(w[i] * x[i] * inv) + 1e-9);
+}
+
+TEST(Ops, LayerNormMatchesDoubleReference) {
+  std::vector<float> x = {1.0f, -2.0f, 3.5f, 0.25f, -7.0f, 0.0f};
+  std::vector<float> w = {1.0f, 0.5f, 2.0f, -1.0f, 1.5f, 3.0f};
+  std::vector<float> b = {0.1f, 0.0f, -0.2f, 0.3f, 0.0f, 1.0f};
+  std::vector<float> out(x.size());
+  ops::LayerNorm(x.data(), w.data(), b.data(), static_cast<int>(x.size()), 1e-5f, out.data());
+  double mean = 0, var = 0;
+  for (float v : x) mean += v;
+  mean /= static_cast<double>(x.size());
+  for (float v : x) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = (x[i] - mean) / std::sqrt(var + 1e-5) * w[i] + b[i];
+    EXPECT_NEAR(out[i], want, 2e-6);
+  }
+}
+
+TEST(Ops, RopePairsIWithIPlusHalfDim) {
+  // HF rotate_half: a unit vector on component 0 rotates into component d/2, not 1.
+  const int d = 8;
+  std::vector<float> cos(d / 2, 0.0f), sin(d / 2, 1.0f);  // a quarter turn
+  std::vector<float> x(d, 0.0f);
+  x[0] = 1.0f;
+  x[d / 2 + 1] = 2.0f;
+  ops::Rope(x.data(), d, cos.data(), sin.data());
+  std::vector<float> want(d, 0.0f);
+  want[d / 2] = 1.0f;  // x0' = x0 cos - x4 sin = 0; x4' = x4 cos + x0 sin = 1
+  want[1] = -2.0f;     // x1' = x1 cos - x5 sin = -2
+  EXPECT_EQ(x, want);
+}
+
+TEST(Ops, RopeAtPositionZeroIsIdentity) {
+  const int d = 16;
+  std::vector<float> inv(d / 2, 0.5f), cos(d / 2), sin(d / 2);
+  ops::RopeAngles(0, inv.data(), d / 2, cos.data(), sin.data());
+  std::vector<float> x(d);
+  for (int i = 0; i < d; ++i) x[static_cast<size_t>(i)] = 0.1f * static_cast<float>(i) - 0.7f;
+  std::vector<float> y = x;
+  ops::Rope(y.data(), d, cos.data(), sin.data());
+  EXPECT_EQ(x, y);
+}
+
+TEST(Ops, RopeAnglesMatchLibmWithinTolerance) {
+  ModelSpec spec;
+  spec.head_dim = 64;
+  spec.rope_theta = 100000.0;
+  const std::vector<float> inv = RopeInverseFrequencies(spec);
+  ASSERT_EQ(inv.size(), 32u);
+  std::vector<float> cos(32), sin(32);
+  for (int p : {1, 7, 100, 511, 4095}) {
+    ops::RopeAngles(p, inv.data(), 32, cos.data(), sin.data());
+    for (int i = 0; i < 32; ++i) {
+      const float angle = static_cast<float>(p) * inv[static_cast<size_t>(i)];
+      EXPECT_NEAR(cos[static_cast<size_t>(i)], std::cos(static_cast<double>(angle)), 2e-6) << p << " " << i;
+      EXPECT_NEAR(sin[static_cast<size_t>(i)], std::sin(static_cast<double>(angle)), 2e-6) << p << " " << i;
+    }
+  }
+}
+
+TEST(Ops, DefaultInverseFrequencies) {
+  ModelSpec spec;
+  spec.head_dim = 8;
+  spec.rope_theta = 10000.0;
+  const std::vector<float> inv = RopeInverseFrequencies(spec);
+  ASSERT_EQ(inv.size(), 4u);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_FLOAT_EQ(inv[static_cast<size_t>(i)], static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / 8)));
+  EXPECT_EQ(inv[0], 1.0f);
+  spec.learned_positions = true;  // GPT-2 has no RoPE
+  EXPECT_TRUE(RopeInverseFrequencies(spec).empty());
+}
+
+// HF transformers _compute_llama3_parameters, written out in double as a second opinion.
+std::vector<double> HfLlama3(double base, int dim, double factor, double low, double high, double old_len) {
+  std::vector<double> out;
+  for (int i = 0; i < dim / 2; ++i) {
+    const double f = 1.0 / std::pow(base, static_cast<double>(2 * i) / dim);
+    const double wavelen = 2 * std::numbers::pi / f;
+    const double low_wl = old_len / low, high_wl = old_len / high;
+    double v = wavelen > low_wl ? f / factor : f;
+    const double smooth = (old_len / wavelen - low) / (high - low);
+    const double smoothed = (1 - smooth) * v / factor + smooth * v;
+    if (!(wavelen < high_wl) && !(wavelen > low_wl)) v = smoothed;
+    out.push_back(v);
+  }
+  return out;
+}
+
+TEST(Ops, Llama3RopeScalingFollowsHf) {
+  // Llama-3.2-1B's values (shared/configs/meta-llama__Llama-3.2-1B).
+  ModelSpec spec;
+  spec.head_dim = 64;
+  spec.rope_theta = 500000.0;
+  spec.rope_scaling.type = RopeScalingType::kLlama3;
+  spec.rope_scaling.factor = 32.0;
+  spec.rope_scaling.low_freq_factor = 1.0;
+  spec.rope_scaling.high_freq_factor = 4.0;
+  spec.rope_scaling.original_max_position_embeddings = 8192;
+  const std::vector<float> inv = RopeInverseFrequencies(spec);
+  const std::vector<double> want = HfLlama3(500000.0, 64, 32.0, 1.0, 4.0, 8192.0);
+  ASSERT_EQ(inv.size(), want.size());
+  int high = 0, low = 0, medium = 0;
+  ModelSpec plain = spec;
+  plain.rope_scaling.type = RopeScalingType::kNone;
+  const std::vector<float> unscaled = RopeInverseFrequencies(plain);
+  for (size_t i = 0; i < inv.size(); ++i) {
+    EXPECT_NEAR(inv[i], want[i], 1e-6 * want[i]) << i;
+    if (inv[i] == unscaled[i]) ++high;
+    else if (std::fabs(inv[i] * 32.0f - unscaled[i]) <= 1e-6f * unscaled[i]) ++low;
+    else ++medium;
+  }
+  // All three bands occur for these settings: kept, divided by the factor, smoothed.
+  EXPECT_GT(high, 0);
+  EXPECT_GT(low, 0);
+  EXPECT_GT(medium, 0);
+}
+
+TEST(Ops, ActivationsMatchDoubleReference) {
+  for (float x : {-20.0f, -5.0f, -1.0f, -0.1f, 0.0f, 0.3f, 1.0f, 2.5f, 9.0f, 30.0f}) {
+    const double silu = x / (1.0 + std::exp(-static_cast<double>(x)));
+    EXPECT_NEAR(ops::Silu(x), silu, 1e-6 * std::fabs(silu) + 1e-7) << x;
+    const double xd = x;
+    const double gelu = 0.5 * xd * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (xd + 0.044715 * xd * xd * xd)));
+    EXPECT_NEAR(ops::GeluNew(x), gelu, 2e-6 * std::fabs(gelu) + 1e-7) << x;
+  }
+  // Far negative inputs give (signed) zero, never NaN.
+  EXPECT_EQ(ops::Silu(-200.0f), 0.0f);
+  EXPECT_EQ(ops::GeluNew(-200.0f), 0.0f);
+}
+
+TEST(Ops, SoftmaxMatchesDoubleReference) {
+  std::vector<float> x = {1.0f, 3.0f, -2.0f, 0.5f, 3.0f, -40.0f};
+  std::vector<double> e;
+  double sum = 0;
+  for (float v : x) {
+    e.push_back(std::exp(static_cast<double>(v) - 3.0));
+    sum += e.back();
+  }
+  std::vector<float> y = x;
+  ops::Softmax(y.data(), static_cast<int>(y.size()));
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], e[i] / sum, 1e-7);
+  std::vector<float> one = {123.0f};
+  ops::Softmax(one.data(), 1);
+  EXPECT_EQ(one[0], 1.0f);
+}
+
+TEST(Ops, FirstNonFinite) {
+  std::vector<float> x = {1.0f, 2.0f, 3.0f};
+  EXPECT_EQ(ops::FirstNonFinite(x.data(), 3), -1);
+  x[2] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(ops::FirstNonFinite(x.data(), 3), 2);
+  x[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(ops::FirstNonFinite(x.data(), 3), 1);
+}
+
+}  // namespace
+}  // namespace daisy

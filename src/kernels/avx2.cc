@@ -1,0 +1,160 @@
+// AVX2 backend. Compiled alone with -mavx2; dispatch.cc calls it only after cpuid + XGETBV
+// said the CPU and the OS support it. See backends.h for the rule that keeps ISA-flagged
+// code out of shared symbols.
+//
+// Both operands are sign-extended to int16 and multiplied with vpmaddwd, which adds two
+// int16 x int16 products into an int32: |product| <= 128 * 128, so the pair sum fits in
+// int32 exactly (vpmaddubsw is avoided: its int16 saturation is not exact for int8 x int8).
+// The int32 lanes then add exactly because the whole sum lies in int32 (k <= kMaxK).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "backends.h"
+
+namespace daisy::kernels::avx2 {
+namespace {
+
+constexpr int kNr = 4;  // weight rows (output columns) per tile
+constexpr int kMr = 2;  // x rows per tile: 8 accumulators + 4 weights + 1 x in 16 ymm
+constexpr int kPrefetchTiles = 4;
+
+// The four horizontal sums of a0..a3 as one vector (integer adds: any order is exact).
+inline __m128i Reduce4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+  const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+  return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+inline __m256i Load16(const int8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// acc[i][r] = sum_t x_i[t] * w_r[t] for MR x rows and kNr weight rows. With kPrefetch (the
+// first tile of a panel to touch these weight rows, which come from memory) it also
+// prefetches `next` (the tile kPrefetchTiles ahead) in address order: four row streams
+// interleaved at a stride of k bytes defeat the hardware prefetcher.
+template <int MR, bool kPrefetch>
+inline void Tile(const int8_t* const* xr, const int8_t* const* wr, int k, int32_t (*acc_out)[kNr], uintptr_t next) {
+  __m256i acc[MR][kNr];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int r = 0; r < kNr; ++r) acc[i][r] = _mm256_setzero_si256();
+  auto step = [&](const int8_t* const* xp, const int8_t* const* wp, int t) {
+    __m256i wv[kNr];
+#pragma GCC unroll 4
+    for (int r = 0; r < kNr; ++r) wv[r] = Load16(wp[r] + t);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m256i xv = Load16(xp[i] + t);
+#pragma GCC unroll 4
+      for (int r = 0; r < kNr; ++r) acc[i][r] = _mm256_add_epi32(acc[i][r], _mm256_madd_epi16(xv, wv[r]));
+    }
+  };
+  int t = 0;
+  for (; t + 16 <= k; t += 16) {
+    // One 64-byte line of the next tile per 16 columns covers its kNr * k bytes. A prefetch
+    // never faults, so `next` may lie past the matrix.
+    if constexpr (kPrefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(next + static_cast<uintptr_t>(t) * kNr), _MM_HINT_T0);
+    step(xr, wr, t);
+  }
+  if (t < k) {
+    // Tail: copy the last k - t bytes into zero-padded blocks so no load passes a row's end.
+    alignas(16) int8_t xb[MR][16] = {};
+    alignas(16) int8_t wb[kNr][16] = {};
+    const int8_t* xp[MR];
+    const int8_t* wp[kNr];
+    for (int i = 0; i < MR; ++i) {
+      std::memcpy(xb[i], xr[i] + t, static_cast<size_t>(k - t));
+      xp[i] = xb[i];
+    }
+    for (int r = 0; r < kNr; ++r) {
+      std::memcpy(wb[r], wr[r] + t, static_cast<size_t>(k - t));
+      wp[r] = wb[r];
+    }
+    step(xp, wp, 0);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(acc_out[i]), Reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+}
+
+// One x row against kNr weight rows, one weight row after the other so the weights stream
+// in address order (the decode GEMV: memory-bound; sequential streams are what the hardware
+// prefetcher follows best).
+inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, int32_t* out) {
+  __m256i d[kNr];
+  for (int r = 0; r < kNr; ++r) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0;  // two chains through vpmaddwd + add
+    const int8_t* w = wr[r];
+    int t = 0;
+    for (; t + 32 <= k; t += 32) {
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 16), Load16(w + t + 16)));
+    }
+    if (t + 16 <= k) {
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
+      t += 16;
+    }
+    if (t < k) {
+      // Tail: zero-padded copies so no load passes a row's end.
+      alignas(16) int8_t xb[16] = {}, wb[16] = {};
+      std::memcpy(xb, xr + t, static_cast<size_t>(k - t));
+      std::memcpy(wb, w + t, static_cast<size_t>(k - t));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xb), Load16(wb)));
+    }
+    d[r] = _mm256_add_epi32(a0, a1);
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), Reduce4(d[0], d[1], d[2], d[3]));
+}
+
+// The same IEEE sequence as the scalar reference: s = xs * ws; v = float(acc) * s; v + b.
+inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
+  const float ws = w.scale ? w.scale[j] : 1.0f;
+  const float s = xs * ws;
+  float v = static_cast<float>(acc) * s;
+  if (w.bias) v = v + w.bias[j];
+  return v;
+}
+
+}  // namespace
+
+void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
+             int col_begin, int col_end) {
+  if (m <= 0 || col_begin >= col_end) return;
+  const int k = w.k;
+  // Row panels of about 192 KiB of x stay in L2 while the panel's weight tiles stream by.
+  int mc = k > 0 ? (192 * 1024) / k : m;
+  mc = mc < kMr ? kMr : mc - mc % kMr;
+  for (int i0 = 0; i0 < m; i0 += mc) {
+    const int i1 = m - i0 < mc ? m : i0 + mc;
+    for (int j = col_begin; j < col_end; j += kNr) {
+      const int nr = col_end - j < kNr ? col_end - j : kNr;
+      // A column tail repeats its last row: valid memory, results discarded.
+      const int8_t* wr[kNr];
+      for (int r = 0; r < kNr; ++r) wr[r] = w.q + static_cast<size_t>(j + (r < nr ? r : nr - 1)) * w.ld;
+      // Where the tile kPrefetchTiles ahead starts (see Tile); an address, maybe past the end.
+      const uintptr_t next = reinterpret_cast<uintptr_t>(w.q) + static_cast<uintptr_t>(j + kPrefetchTiles * kNr) * w.ld;
+      for (int i = i0; i < i1;) {
+        const int mr = i1 - i < kMr ? i1 - i : kMr;
+        const int8_t* xr[kMr];
+        for (int ii = 0; ii < mr; ++ii) xr[ii] = xq + static_cast<size_t>(i + ii) * ldx;
+        int32_t acc[kMr][kNr];
+        if (mr == 1)
+          RowByRow(xr[0], wr, k, acc[0]);
+        else if (i == i0)
+          Tile<2, true>(xr, wr, k, acc, next);
+        else
+          Tile<2, false>(xr, wr, k, acc, next);
+        for (int ii = 0; ii < mr; ++ii) {
+          float* yr = y + static_cast<size_t>(i + ii) * ldy;
+          for (int r = 0; r < nr; ++r) yr[j + r] = Epilogue(acc[ii][r], xscale[i + ii], w, j + r);
+        }
+        i += mr;
+      }
+    }
+  }
+}
+
+}  // namespace daisy::kernels::avx2

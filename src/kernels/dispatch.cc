@@ -1,0 +1,366 @@
+// Backend selection (cpuid + OS check, gates, DAISY_KERNELS), the thread pool over output
+// columns, the sampled live audit, and the public MatMul entry points.
+#include <pthread.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daisy/log.h"
+#include "internal.h"
+#include "thread_pool.h"
+
+namespace daisy::kernels {
+
+std::string_view BackendName(Backend backend) {
+  switch (backend) {
+    case Backend::kScalar:
+      return "scalar";
+    case Backend::kAvx2:
+      return "avx2";
+    case Backend::kAvx512Vnni:
+      return "avx512vnni";
+    case Backend::kNeon:
+      return "neon";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr std::array<Backend, 4> kAllBackends = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni,
+                                                 Backend::kNeon};
+// Preference when several pass: the widest first.
+constexpr std::array<Backend, 4> kPreference = {Backend::kAvx512Vnni, Backend::kAvx2, Backend::kNeon, Backend::kScalar};
+// Default sampled audit: every 1024th product re-checks one cell (about k multiply-adds per
+// 1024 products: far below 0.1% of the work). DAISY_AUDIT_EVERY overrides (0 = off).
+constexpr int kDefaultAuditEvery = 1024;
+constexpr int kDefaultAuditCells = 1;
+// Products smaller than this many multiply-adds run on the calling thread alone: waking
+// workers costs more than it saves.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
+// Column blocks are multiples of this many columns (whole tiles and cache lines of y).
+constexpr int kColumnAlign = 16;
+// Blocks per thread: threads claim blocks as they come free, so a thread the OS has
+// descheduled (other processes, big.LITTLE cores) holds up at most one small block.
+constexpr int kBlocksPerThread = 4;
+
+std::atomic<uint8_t> g_fault_mask{0};
+// Set in a child after fork(): the pool's workers did not survive it.
+std::atomic<bool> g_forked{false};
+void OnForkChild() {
+  g_forked.store(true);
+}
+
+template <Backend B>
+void FaultyEntry(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
+                 int col_begin, int col_end) {
+  internal::EntryFor(B)(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
+  if (m <= 0 || col_begin >= col_end) return;
+  uint32_t bits;
+  std::memcpy(&bits, &y[col_begin], 4);
+  bits ^= 1u;
+  std::memcpy(&y[col_begin], &bits, 4);
+}
+
+struct Registry {
+  std::mutex mu;  // guards status and the pool
+  std::array<BackendStatus, 4> status;
+  std::atomic<uint8_t> active{static_cast<uint8_t>(Backend::kScalar)};
+  std::atomic<int> threads{1};
+  std::unique_ptr<ThreadPool> pool;
+  std::atomic<int> audit_every{kDefaultAuditEvery};
+  std::atomic<int> audit_cells{kDefaultAuditCells};
+  std::atomic<uint64_t> product_count{0};
+  std::atomic<uint64_t> audited_products{0}, audited_cells{0}, audit_mismatches{0};
+};
+
+int DefaultThreads() {
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc == 0 ? 1 : static_cast<int>(hc);
+}
+
+// Best backend that is supported and passed its gate (caller holds r.mu).
+Backend BestPassing(const Registry& r) {
+  for (Backend b : kPreference) {
+    const BackendStatus& s = r.status[static_cast<size_t>(b)];
+    if (s.supported && s.gate_passed) return b;
+  }
+  return Backend::kScalar;
+}
+
+void Initialize(Registry& r) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (Backend b : kAllBackends) {
+    BackendStatus& s = r.status[static_cast<size_t>(b)];
+    s = BackendStatus{b, false, false, ""};
+    std::string problem = CpuSupportProblem(b);
+    if (problem.empty() && internal::EntryFor(b) == nullptr) problem = "not built into this binary";
+    if (!problem.empty()) {
+      s.reason = std::move(problem);
+      continue;
+    }
+    s.supported = true;
+    if (b == Backend::kScalar) {
+      s.gate_passed = true;  // the reference itself
+      continue;
+    }
+    const std::string mismatch = internal::RunGate(internal::LiveEntryFor(b));
+    s.gate_passed = mismatch.empty();
+    if (!s.gate_passed) {
+      s.reason = "demoted: failed its exactness gate against scalar (" + mismatch + ")";
+      LogWarning("kernels: backend " + std::string(BackendName(b)) + " " + s.reason);
+    }
+  }
+  Backend chosen = BestPassing(r);
+  if (const char* env = std::getenv("DAISY_KERNELS"); env != nullptr && *env != '\0') {
+    const std::string want = env;
+    const Backend* found = nullptr;
+    for (const Backend& b : kAllBackends)
+      if (BackendName(b) == want) found = &b;
+    if (found == nullptr) {
+      LogWarning("kernels: DAISY_KERNELS=" + want + " is not a backend (scalar|avx2|avx512vnni|neon); using " +
+                 std::string(BackendName(chosen)));
+    } else {
+      const BackendStatus& s = r.status[static_cast<size_t>(*found)];
+      if (!s.supported || !s.gate_passed)
+        LogWarning("kernels: DAISY_KERNELS=" + want + " cannot be used here (" + s.reason + "); using " +
+                   std::string(BackendName(chosen)));
+      else
+        chosen = *found;
+    }
+  }
+  r.active.store(static_cast<uint8_t>(chosen));
+  int every = kDefaultAuditEvery;
+  if (const char* env = std::getenv("DAISY_AUDIT_EVERY"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0 || v > 1000000000)
+      LogWarning("kernels: DAISY_AUDIT_EVERY=" + std::string(env) + " is not a count >= 0; using " +
+                 std::to_string(every));
+    else
+      every = static_cast<int>(v);
+  }
+  r.audit_every.store(every);
+  r.threads.store(DefaultThreads());
+  r.pool.reset();
+  LogDebug("kernels: using backend " + std::string(BackendName(chosen)));
+}
+
+// Initialized once, thread-safely, before the first product (function-local static).
+Registry& Reg() {
+  static Registry* const registry = [] {
+    auto* r = new Registry;  // never destroyed: products may run during static destruction
+    Initialize(*r);
+    pthread_atfork(nullptr, nullptr, &OnForkChild);
+    return r;
+  }();
+  return *registry;
+}
+
+ThreadPool* PoolFor(Registry& r, int n_threads) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  // After fork() the inherited pool has no workers and cannot be joined: abandon it.
+  if (g_forked.exchange(false)) (void)r.pool.release();
+  if (!r.pool || r.pool->threads() != n_threads) r.pool = std::make_unique<ThreadPool>(n_threads);
+  return r.pool.get();
+}
+
+struct ProductTask {
+  MatMulQFn fn;
+  const int8_t* xq;
+  const float* xscale;
+  int m;
+  size_t ldx;
+  const QMatrixView* w;
+  float* y;
+  size_t ldy;
+  int block;  // columns per task
+};
+
+void RunColumnBlock(void* ctx, int t) {
+  const auto& p = *static_cast<const ProductTask*>(ctx);
+  const int c0 = t * p.block;
+  const int c1 = std::min(p.w->n, c0 + p.block);
+  if (c0 < c1) p.fn(p.xq, p.xscale, p.m, p.ldx, *p.w, p.y, p.ldy, c0, c1);
+}
+
+void Demote(Registry& r, Backend b, const std::string& why) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  BackendStatus& s = r.status[static_cast<size_t>(b)];
+  s.gate_passed = false;
+  s.reason = "demoted: " + why;
+  const Backend next = BestPassing(r);
+  r.active.store(static_cast<uint8_t>(next));
+  LogError("kernels: backend " + std::string(BackendName(b)) + " " + s.reason + "; now using " +
+           std::string(BackendName(next)));
+}
+
+}  // namespace
+
+namespace internal {
+
+MatMulQFn EntryFor(Backend backend) {
+  switch (backend) {
+    case Backend::kScalar:
+      return &scalar::MatMulQ;
+#if defined(DAISY_KERNELS_X86)
+    case Backend::kAvx2:
+      return &avx2::MatMulQ;
+    case Backend::kAvx512Vnni:
+      return &avx512vnni::MatMulQ;
+#endif
+#if defined(DAISY_KERNELS_NEON)
+    case Backend::kNeon:
+      return &neon::MatMulQ;
+#endif
+    default:
+      return nullptr;
+  }
+}
+
+MatMulQFn LiveEntryFor(Backend backend) {
+  if (EntryFor(backend) == nullptr) return nullptr;
+  if ((g_fault_mask.load(std::memory_order_relaxed) >> static_cast<int>(backend)) & 1u) {
+    switch (backend) {
+      case Backend::kScalar:
+        return &FaultyEntry<Backend::kScalar>;
+      case Backend::kAvx2:
+        return &FaultyEntry<Backend::kAvx2>;
+      case Backend::kAvx512Vnni:
+        return &FaultyEntry<Backend::kAvx512Vnni>;
+      case Backend::kNeon:
+        return &FaultyEntry<Backend::kNeon>;
+    }
+  }
+  return EntryFor(backend);
+}
+
+void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,
+                size_t ldy) {
+  if (m <= 0 || w.n <= 0) return;
+  Registry& r = Reg();
+  const int threads = r.threads.load(std::memory_order_relaxed);
+  const int64_t macs = int64_t{m} * w.n * std::max(w.k, 1);
+  const int col_groups = (w.n + kColumnAlign - 1) / kColumnAlign;
+  const int n_tasks = macs < kMinParallelMacs || threads <= 1
+                          ? 1
+                          : std::min({threads * kBlocksPerThread, col_groups, ThreadPool::kMaxTasks});
+  ProductTask task{fn, xq, xscale, m, ldx, &w, y, ldy, 0};
+  if (n_tasks <= 1) {
+    task.block = w.n;
+    RunColumnBlock(&task, 0);
+    return;
+  }
+  task.block = (col_groups + n_tasks - 1) / n_tasks * kColumnAlign;
+  PoolFor(r, threads)->Run(n_tasks, &RunColumnBlock, &task);
+}
+
+void SetFaultInjection(Backend backend, bool on) {
+  const auto bit = static_cast<uint8_t>(1u << static_cast<int>(backend));
+  if (on)
+    g_fault_mask.fetch_or(bit);
+  else
+    g_fault_mask.fetch_and(static_cast<uint8_t>(~bit));
+}
+
+void Reinitialize() {
+  Initialize(Reg());
+}
+
+}  // namespace internal
+
+std::vector<BackendStatus> BackendReport() {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return std::vector<BackendStatus>(r.status.begin(), r.status.end());
+}
+
+Backend ActiveBackend() {
+  return static_cast<Backend>(Reg().active.load());
+}
+
+Status SetBackend(Backend backend) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const BackendStatus& s = r.status[static_cast<size_t>(backend)];
+  if (!s.supported)
+    return Unimplemented("kernels: backend " + std::string(BackendName(backend)) +
+                         " is not supported here: " + s.reason);
+  if (!s.gate_passed) return Unimplemented("kernels: backend " + std::string(BackendName(backend)) + " is " + s.reason);
+  r.active.store(static_cast<uint8_t>(backend));
+  return Status::Ok();
+}
+
+void SetThreads(int n_threads) {
+  Registry& r = Reg();
+  r.threads.store(n_threads < 1 ? 1 : n_threads);
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.pool.reset();  // rebuilt at the next product with the new size
+}
+
+int Threads() {
+  return Reg().threads.load();
+}
+
+void SetAuditRate(int every, int cells) {
+  Registry& r = Reg();
+  r.audit_every.store(every < 0 ? 0 : every);
+  r.audit_cells.store(cells < 1 ? 1 : cells);
+}
+
+AuditStats GetAuditStats() {
+  Registry& r = Reg();
+  return AuditStats{r.audited_products.load(), r.audited_cells.load(), r.audit_mismatches.load()};
+}
+
+void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy) {
+  // k comes from validated specs (QuantizeMatrix refuses k > kMaxK), so this is a bug.
+  DAISY_CHECK(w.k >= 0 && w.k <= kMaxK, "Bug: MatMulQ reduction length outside [0, kMaxK]: int32 could overflow");
+  DAISY_CHECK(m >= 0 && w.n >= 0 && w.ld >= static_cast<size_t>(w.k) &&
+                  (m <= 1 || (ldx >= static_cast<size_t>(w.k) && ldy >= static_cast<size_t>(w.n))),
+              "Bug: MatMulQ shape or stride inconsistent");
+  if (m == 0 || w.n == 0) return;
+  Registry& r = Reg();
+  const auto b = static_cast<Backend>(r.active.load(std::memory_order_relaxed));
+  internal::RunProduct(internal::LiveEntryFor(b), xq, xscale, m, ldx, w, y, ldy);
+
+  // Sampled live audit: re-check a few random cells of this finished product.
+  const int every = r.audit_every.load(std::memory_order_relaxed);
+  if (b == Backend::kScalar || every <= 0) return;
+  const uint64_t count = r.product_count.fetch_add(1, std::memory_order_relaxed);
+  if (count % static_cast<uint64_t>(every) != 0) return;
+  const int cells = r.audit_cells.load(std::memory_order_relaxed);
+  const AuditResult a = AuditCells(xq, xscale, m, ldx, w, y, ldy, cells, count);
+  r.audited_products.fetch_add(1);
+  r.audited_cells.fetch_add(static_cast<uint64_t>(a.checked));
+  if (a.ok()) return;
+  r.audit_mismatches.fetch_add(static_cast<uint64_t>(a.mismatches));
+  Demote(r, b,
+         "live audit mismatch at y[" + std::to_string(a.row) + "][" + std::to_string(a.col) +
+             "] (m=" + std::to_string(m) + " n=" + std::to_string(w.n) + " k=" + std::to_string(w.k) + ")");
+  // Never hand on a wrong product: redo it with the reference.
+  internal::RunProduct(&scalar::MatMulQ, xq, xscale, m, ldx, w, y, ldy);
+}
+
+bool MatMul(const float* x, int m, const QMatrixView& w, float* y) {
+  // Reused per thread: decode calls this hundreds of times per token.
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs;
+  const size_t k = static_cast<size_t>(std::max(w.k, 0));
+  xq.resize(static_cast<size_t>(std::max(m, 0)) * k);
+  xs.resize(static_cast<size_t>(std::max(m, 0)));
+  for (int i = 0; i < m; ++i)
+    if (!QuantizeRow(x + static_cast<size_t>(i) * k, w.k, xq.data() + static_cast<size_t>(i) * k, &xs[i])) return false;
+  MatMulQ(xq.data(), xs.data(), m, k, w, y, static_cast<size_t>(w.n));
+  return true;
+}
+
+}  // namespace daisy::kernels

@@ -1,0 +1,48 @@
+// Internal plumbing of the kernels module shared by dispatch.cc, gates.cc, probe.cc,
+// throughput.cc and the tests. Not part of the public surface (include/daisy/kernels.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backends.h"
+
+namespace daisy::kernels::internal {
+
+// The entry of a backend built into this binary (nullptr when not built), without any
+// injected fault.
+MatMulQFn EntryFor(Backend backend);
+// EntryFor, or a corrupting wrapper while a fault is injected for `backend`.
+MatMulQFn LiveEntryFor(Backend backend);
+
+// Computes all n columns of a product through `fn`, split into contiguous column blocks
+// over the thread pool (each cell is computed whole by one thread, so the bits do not
+// depend on the thread count).
+void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,
+                size_t ldy);
+
+// Checks `fn` bit-for-bit against the scalar reference on the seeded gate shapes (gates.cc).
+// Returns "" when identical, else a description of the first mismatch.
+std::string RunGate(MatMulQFn fn);
+
+// SplitMix64: the counter-based generator behind every seeded shape, probe and audit.
+inline uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// ---- Test hooks (kernels_test.cc) ----
+// While on, `backend`'s entry flips the lowest bit of its first output cell of every call,
+// as a miscompiled or faulty unit would. Lets tests prove that gates, the audit and the
+// probe notice a single wrong bit.
+void SetFaultInjection(Backend backend, bool on);
+// Re-runs CPU detection, the gates and DAISY_KERNELS as at start-up. Must not race with
+// running products.
+void Reinitialize();
+// The probe's product part alone (ProbeHash without the detmath op set): a golden value
+// in kernels_test pins it across ISAs (x86-64 here, arm64 under qemu).
+uint64_t ProductProbeHash();
+
+}  // namespace daisy::kernels::internal

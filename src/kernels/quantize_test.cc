@@ -1,0 +1,160 @@
+// Golden cases of the quantizer (docs/KERNELS.md, "Quantization"): round half to even at
+// .5 boundaries, the division x / scale (not a multiplication by 1 / scale), -0.0, zero
+// rows, clamping, refusal of non-finite values; guard bytes after every output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "daisy/kernels.h"
+
+namespace daisy::kernels {
+namespace {
+
+constexpr int8_t kGuardByte = 0x5A;
+constexpr int kGuard = 16;
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// QuantizeRow into a guarded buffer; fails the test if a guard byte changes.
+std::vector<int8_t> Quantize(const std::vector<float>& x, float* scale, bool* ok) {
+  std::vector<int8_t> q(x.size() + kGuard, kGuardByte);
+  *ok = QuantizeRow(x.data(), static_cast<int>(x.size()), q.data(), scale);
+  for (size_t g = x.size(); g < q.size(); ++g) EXPECT_EQ(q[g], kGuardByte) << "guard byte " << g;
+  q.resize(x.size());
+  return q;
+}
+
+TEST(QuantizeTest, RoundsHalfToEven) {
+  // amax = 127 gives scale exactly 1, so x / scale = x and the .5 cases are exact ties.
+  const std::vector<float> x = {127.0f, 63.5f, -63.5f, 62.5f, 0.5f, 1.5f, -0.0f, 2.5f, -2.5f, -0.5f, -127.0f, 3.49f};
+  float scale;
+  bool ok;
+  const auto q = Quantize(x, &scale, &ok);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(q, (std::vector<int8_t>{127, 64, -64, 62, 0, 2, 0, 2, -2, 0, -127, 3}));
+}
+
+TEST(QuantizeTest, ScaleIsAmaxOver127AndTiesSurviveTheDivision) {
+  // amax = 254: scale = 2 exactly; 1 / 2 = 0.5 -> 0 (even), 3 / 2 = 1.5 -> 2, -5 / 2 -> -2.
+  const std::vector<float> x = {1.0f, 3.0f, -5.0f, -254.0f, 7.0f};
+  float scale;
+  bool ok;
+  const auto q = Quantize(x, &scale, &ok);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(Bits(scale), Bits(254.0f / 127.0f));
+  EXPECT_EQ(q, (std::vector<int8_t>{0, 2, -2, -127, 4}));
+}
+
+TEST(QuantizeTest, DividesByTheScaleRatherThanMultiplyingByItsInverse) {
+  // Find inputs where round(x / s) and round(x * (1 / s)) differ; the contract is division.
+  int differing = 0;
+  for (int a = 1; a < 2000 && differing < 20; ++a) {
+    const float amax = 1.0f + static_cast<float>(a) * 0.013f;
+    const float s = amax / 127.0f;
+    for (int t = -1000; t <= 1000; ++t) {
+      const float v = static_cast<float>(t) * 0.0627f;
+      if (std::fabs(v) > amax) continue;
+      const float by_div = std::nearbyint(v / s), by_inv = std::nearbyint(v * (1.0f / s));
+      if (by_div == by_inv) continue;
+      ++differing;
+      float scale;
+      bool ok;
+      const auto q = Quantize({amax, v}, &scale, &ok);
+      ASSERT_TRUE(ok);
+      ASSERT_EQ(Bits(scale), Bits(s));
+      EXPECT_EQ(q[1], static_cast<int8_t>(by_div)) << "v=" << v << " amax=" << amax;
+    }
+  }
+  EXPECT_GT(differing, 0) << "the search found no case that tells division from multiplication";
+}
+
+TEST(QuantizeTest, ZeroAndNegativeZeroRowsHaveScaleZero) {
+  for (float z : {0.0f, -0.0f}) {
+    float scale = -1.0f;
+    bool ok;
+    const auto q = Quantize(std::vector<float>(33, z), &scale, &ok);
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(Bits(scale), Bits(0.0f));  // +0.0, whatever the sign of the inputs
+    EXPECT_EQ(q, std::vector<int8_t>(33, 0));
+  }
+}
+
+TEST(QuantizeTest, RefusesNonFinite) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = {1.0f, 2.0f, bad, 3.0f};
+    float scale;
+    bool ok = true;
+    Quantize(x, &scale, &ok);
+    EXPECT_FALSE(ok) << bad;
+  }
+}
+
+TEST(QuantizeTest, RowTooSmallForAScaleIsZero) {
+  // amax / 127 underflows to 0: zeros with scale 0, never 0 / 0.
+  float scale = -1.0f;
+  bool ok;
+  const auto q = Quantize({1e-44f, 0.0f, -1e-44f}, &scale, &ok);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(Bits(scale), Bits(0.0f));
+  EXPECT_EQ(q, (std::vector<int8_t>{0, 0, 0}));
+}
+
+TEST(QuantizeTest, TinyAndHugeMagnitudes) {
+  // Subnormal scale and amax near FLT_MAX stay finite and in range.
+  for (float amax : {1e-40f, 3.0e38f}) {
+    float scale;
+    bool ok;
+    const auto q = Quantize({amax, -amax, amax / 2}, &scale, &ok);
+    ASSERT_TRUE(ok);
+    EXPECT_TRUE(std::isfinite(scale));
+    EXPECT_EQ(q[0], 127);
+    EXPECT_EQ(q[1], -127);
+  }
+}
+
+TEST(QuantizeTest, MatrixQuantizesEachRowAndKeepsBias) {
+  const std::vector<float> w = {1.1f,   -2.0f, 0.5f,  //
+                                0.0f,   0.0f,  0.0f,  //
+                                254.0f, 1.0f,  3.0f};
+  auto m = QuantizeMatrix(w, 3, 3, std::vector<float>{0.25f, -1.0f, 2.0f}, "layer.weight");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->n, 3);
+  EXPECT_EQ(m->k, 3);
+  EXPECT_EQ(m->q, (std::vector<int8_t>{70, -127, 32, 0, 0, 0, 127, 0, 2}));
+  EXPECT_EQ(Bits(m->scale[0]), Bits(2.0f / 127.0f));
+  EXPECT_EQ(Bits(m->scale[1]), Bits(0.0f));
+  EXPECT_EQ(Bits(m->scale[2]), Bits(2.0f));
+  EXPECT_EQ(m->bias, (std::vector<float>{0.25f, -1.0f, 2.0f}));
+  EXPECT_EQ(m->Bytes(), 9u + 4u * 6u);
+  const QMatrixView v = m->View();
+  EXPECT_EQ(v.ld, 3u);
+  EXPECT_NE(v.bias, nullptr);
+  EXPECT_EQ(QuantizeMatrix(w, 3, 3, {}, "w")->View().bias, nullptr);
+}
+
+TEST(QuantizeTest, MatrixRefusesBadInputNamingIt) {
+  std::vector<float> w = {1.0f, 2.0f, std::numeric_limits<float>::infinity(), 4.0f};
+  auto bad = QuantizeMatrix(w, 2, 2, {}, "blk.3.attn_q");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("blk.3.attn_q"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("row 1"), std::string::npos);
+
+  w[2] = 3.0f;
+  auto bad_bias = QuantizeMatrix(w, 2, 2, std::vector<float>{0.0f, std::nanf("")}, "b");
+  EXPECT_FALSE(bad_bias.ok());
+  EXPECT_FALSE(QuantizeMatrix(w, 0, 2, {}, "empty").ok());
+  EXPECT_FALSE(QuantizeMatrix(w, 3, 2, {}, "short").ok());
+}
+
+}  // namespace
+}  // namespace daisy::kernels

@@ -1,0 +1,125 @@
+// Device identity and the measurements a hello carries.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <xxhash.h>
+
+#include "daisy/kernels.h"
+#include "daisy/node.h"
+
+namespace daisy {
+
+namespace fs = std::filesystem;
+
+std::string DeviceHome() {
+  if (const char* h = std::getenv("DAISY_HOME"); h && *h) return h;
+  if (const char* x = std::getenv("XDG_CONFIG_HOME"); x && *x) return std::string(x) + "/daisychain";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.config/daisychain";
+  return ".daisychain";
+}
+
+Result<std::string> DeviceId(const std::string& home, const std::string& role) {
+  std::error_code ec;
+  fs::create_directories(home, ec);
+  const fs::path file = fs::path(home) / ("id-" + role);
+  {
+    std::ifstream in(file);
+    std::string id;
+    if (in >> id && id.size() == 16 && id.find_first_not_of("0123456789abcdef") == std::string::npos) return id;
+  }
+  std::random_device rd;
+  std::uniform_int_distribution<uint64_t> dist;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ dist(rd);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  const fs::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << buf << "\n";
+    if (!out) return Unavailable("cannot write " + file.string());
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) return Unavailable("cannot write " + file.string() + ": " + ec.message());
+  return std::string(buf);
+}
+
+std::string DeviceCacheDir() {
+  if (const char* c = std::getenv("DAISY_CACHE_DIR"); c && *c) return c;
+  if (const char* h = std::getenv("DAISY_HOME"); h && *h) return std::string(h) + "/cache";
+  return "";  // the Hub client's default
+}
+
+uint64_t FreeMemoryBytes() {
+  if (const char* f = std::getenv("DAISY_FREE_MEMORY"); f && *f) return std::strtoull(f, nullptr, 10);
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities) {
+  wire::Hello h;
+  h.capabilities = capabilities;
+  h.gemms_per_s = kernels::MeasureCapacityGemmsPerSecond();
+  h.probe_hash = kernels::ProbeHash();
+  h.free_memory = FreeMemoryBytes();
+  h.backend = std::string(kernels::BackendName(kernels::ActiveBackend()));
+  h.device_id = device_id;
+  if (!name.empty()) {
+    h.name = name.substr(0, 64);
+  } else {
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    h.name = std::string(host).substr(0, 48) + "-" + device_id.substr(0, 4);
+  }
+  return h;
+}
+
+}  // namespace daisy
+
+namespace daisy {
+
+namespace {
+void Put(std::string& s, const std::string& key, const std::string& value) { s += key + "=" + value + ";"; }
+}  // namespace
+
+uint64_t SpecHash(const ModelSpec& p) {
+  std::string s;
+  Put(s, "family", std::string(FamilyName(p.family)));
+  Put(s, "arch", p.architecture);
+  for (auto [k, v] : {std::pair{"layers", p.n_layers}, {"hidden", p.hidden}, {"heads", p.n_heads}, {"kv", p.n_kv_heads},
+                      {"head_dim", p.head_dim}, {"inter", p.intermediate}, {"vocab", p.vocab}, {"pos", p.max_positions},
+                      {"norm", static_cast<int>(p.norm)}, {"act", static_cast<int>(p.activation)},
+                      {"gated", p.gated_mlp}, {"learned", p.learned_positions}, {"tied", p.tied_embeddings},
+                      {"fused", p.fused_qkv}, {"qkvb", p.qkv_bias}, {"ob", p.o_bias}, {"mlpb", p.mlp_bias},
+                      {"layout", static_cast<int>(p.layout)}, {"swa", p.use_sliding_window}, {"sw", p.sliding_window},
+                      {"mwl", p.max_window_layers}, {"rs", static_cast<int>(p.rope_scaling.type)}})
+    Put(s, k, std::to_string(v));
+  // Floating fields by their bits: equal specs hash equal on every machine.
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a/%a/%a/%a/%a", static_cast<double>(p.norm_eps), p.rope_theta, p.rope_scaling.factor,
+                p.rope_scaling.low_freq_factor, p.rope_scaling.high_freq_factor);
+  Put(s, "floats", buf);
+  Put(s, "orig", std::to_string(p.rope_scaling.original_max_position_embeddings));
+  Put(s, "prefix", p.tensor_prefix);
+  return XXH64(s.data(), s.size(), 0x5350454355ull);
+}
+
+uint32_t ModelHashOf(const ModelSource& source, const TensorIndex& index) {
+  std::string digest;
+  for (const auto& t : index.tensors()) {
+    digest += t.name + "|" + t.file + "|" + std::string(DTypeName(t.dtype)) + "|" + std::to_string(t.offset) + "|";
+    for (int64_t d : t.shape) digest += std::to_string(d) + ",";
+    digest += ";";
+  }
+  return wire::ModelHash(source.ModelId(), source.Revision(), digest);
+}
+
+}  // namespace daisy

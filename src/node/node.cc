@@ -1,0 +1,274 @@
+// The ring member loop: join, hello, assignment, fetch own layers, ready, serve hops.
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <cstdio>
+#include <optional>
+
+#include "daisy/forward.h"
+#include "daisy/log.h"
+#include "daisy/model.h"
+#include "daisy/net.h"
+#include "daisy/node.h"
+#include "daisy/plan.h"
+#include "daisy/tokenizer.h"
+
+namespace daisy {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What a node holds for one assignment.
+struct Slice {
+  std::string model_id, revision;
+  uint32_t model_hash = 0;
+  uint64_t spec_hash = 0;
+  int first = 0, end = 0, ctx = 0;
+  std::unique_ptr<ModelSource> source;
+  std::unique_ptr<ModelInfo> info;
+  std::unique_ptr<StageWeights> weights;
+  std::unique_ptr<KvCache> kv;
+  std::optional<Tokenizer> tokenizer;
+};
+
+class Node {
+ public:
+  explicit Node(const NodeOptions& o) : o_(o) {
+    if (const char* d = std::getenv("DAISY_TEST_HOP_DELAY_MS")) hop_delay_ms_ = std::atoi(d);
+  }
+
+  Status Run() {
+    const std::string home = DeviceHome();
+    DAISY_ASSIGN_OR_RETURN(id_, DeviceId(home, o_.role));
+    DAISY_ASSIGN_OR_RETURN(ep_, net::Endpoint::Bind(o_.bind_host, 0));
+    hello_ = MeasureHello(id_, o_.name, wire::kCapCompute);
+    std::fprintf(stderr, "node %s (%s): %s backend, %.0f GEMMs/s, %.1f GB free; joining room '%s' at %s\n",
+                 hello_.name.c_str(), id_.substr(0, 8).c_str(), hello_.backend.c_str(), hello_.gemms_per_s,
+                 static_cast<double>(hello_.free_memory) / 1e9, o_.room.c_str(), o_.rendezvous.c_str());
+    auto last_beat = Clock::now() - std::chrono::seconds(10);
+    auto last_join = last_beat;
+    while (!(o_.stop && o_.stop->load())) {
+      const auto now = Clock::now();
+      // Join until the rendezvous answers with a peer list; heartbeats always.
+      if (!joined_ && now - last_join > std::chrono::seconds(2)) {
+        (void)ep_->Send(o_.rendezvous, wire::Message(wire::Join{o_.room, ep_->address(), hello_}), 500);
+        last_join = now;
+      }
+      if (now - last_beat > std::chrono::seconds(1)) {
+        Beat();
+        last_beat = now;
+      }
+      auto frame = ep_->Receive(100);
+      if (!frame.ok()) return frame.status();
+      if (!frame->has_value()) continue;
+      Handle(**frame);
+    }
+    (void)ep_->Send(o_.rendezvous, wire::Message(wire::Bye{id_}), 300);
+    return Status::Ok();
+  }
+
+ private:
+  void Beat() {
+    (void)ep_->Send(o_.rendezvous, wire::Message(wire::Heartbeat{NowMillis(), id_}), 300);
+    last_beat_ = Clock::now();
+  }
+  static uint64_t NowMillis() {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+  }
+
+  void Handle(const std::vector<uint8_t>& frame) {
+    auto msg = wire::Decode(frame, slice_.weights ? slice_.info->spec.hidden : 0);
+    if (!msg.ok()) {
+      LogWarning("node: refused a frame: " + msg.status().message());
+      if (!head_address_.empty())
+        (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{2, hello_.name + " refused a frame: " + msg.status().message()}), 500);
+      return;
+    }
+    std::visit([&](auto& m) { On(m); }, *msg);
+  }
+
+  void On(wire::Peers& p) {
+    if (!joined_) std::fprintf(stderr, "node %s: in room '%s' with %zu device(s)\n", hello_.name.c_str(), p.room.c_str(), p.peers.size());
+    joined_ = true;
+    bool head_here = head_id_.empty();
+    for (const auto& peer : p.peers) head_here = head_here || peer.hello.device_id == head_id_;
+    if (!head_here) {
+      std::fprintf(stderr, "node %s: the head left; keeping my layers for the next turn\n", hello_.name.c_str());
+      head_id_.clear();
+      head_address_.clear();
+      seq_ = -1;
+    }
+  }
+
+  void On(wire::Assignment& a) {
+    head_id_ = a.stages[0].device_id;
+    head_address_ = a.stages[0].address;
+    Status st = Assign(a);
+    if (!st.ok()) {
+      std::fprintf(stderr, "node %s: assignment refused: %s\n", hello_.name.c_str(), Redact(st.message()).c_str());
+      (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{3, hello_.name + ": " + Redact(st.message())}), 1000);
+      return;
+    }
+    (void)ep_->Send(head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes()}), 2000);
+  }
+
+  Status Assign(const wire::Assignment& a) {
+    // The plan must cover the model exactly once with the head first (checked again once
+    // the layer count is known), and the model id must be a repo id or a local path.
+    Plan plan;
+    for (const auto& s : a.stages) plan.stages.push_back({s.device_id, "", s.first, s.end, 0});
+    if (a.stages[static_cast<size_t>(a.your_stage)].device_id != id_)
+      return InvalidArgument("the assignment's stage " + std::to_string(a.your_stage) + " is not this device");
+    const bool same_model = slice_.info && slice_.model_id == a.model_id && slice_.revision == a.revision;
+    if (!same_model) {
+      slice_ = Slice{};
+      HubOptions hub = o_.hub;
+      std::string src = a.model_id;
+      if (src[0] != '/') {
+        DAISY_ASSIGN_OR_RETURN(HubRef ref, ParseHubRef(a.model_id + "@" + a.revision));
+        src = ref.repo + "@" + ref.revision;
+      }
+      DAISY_ASSIGN_OR_RETURN(slice_.source, OpenModelSource(src, hub));
+      DAISY_ASSIGN_OR_RETURN(ModelInfo info, LoadModelInfo(*slice_.source));
+      slice_.info = std::make_unique<ModelInfo>(std::move(info));
+      slice_.model_id = a.model_id;
+      slice_.revision = a.revision;
+      slice_.spec_hash = SpecHash(slice_.info->spec);
+      slice_.model_hash = ModelHashOf(*slice_.source, slice_.info->index);
+      auto tok = Tokenizer::Load(*slice_.source);
+      if (tok.ok()) slice_.tokenizer.emplace(std::move(*tok));
+    }
+    const ModelSpec& spec = slice_.info->spec;
+    DAISY_RETURN_IF_ERROR(ValidateAssignment(plan, spec.n_layers, a.stages[0].device_id));
+    if (slice_.spec_hash != a.spec_hash) return InvalidArgument("the head's model spec differs from the one this device derived from " + a.model_id);
+    if (slice_.model_hash != a.model_hash)
+      return InvalidArgument("model_hash mismatch: the head and this device read different files for " + a.model_id);
+    DAISY_RETURN_IF_ERROR(CheckContext(spec, a.ctx));
+    const auto& me = a.stages[static_cast<size_t>(a.your_stage)];
+    if (!slice_.weights || slice_.first != me.first || slice_.end != me.end) {
+      slice_.weights.reset();
+      slice_.kv.reset();
+      std::fprintf(stderr, "node %s: fetching layers [%d, %d) of %s\n", hello_.name.c_str(), me.first, me.end, a.model_id.c_str());
+      auto started = Clock::now();
+      ProgressFn progress = [&](const TransferProgress& p) {
+        // Keep heartbeats going through a long download.
+        if (Clock::now() - last_beat_ > std::chrono::seconds(1)) Beat();
+        if (Clock::now() - started > std::chrono::seconds(2) && p.bytes_total > 0) {
+          std::fprintf(stderr, "\rnode %s: %5.1f%% of %.1f MB", hello_.name.c_str(),
+                       100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total),
+                       static_cast<double>(p.bytes_total) / 1e6);
+          started = Clock::now() - std::chrono::seconds(1);
+        }
+      };
+      DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*slice_.source, *slice_.info, me.first, me.end, false, progress));
+      slice_.weights = std::make_unique<StageWeights>(std::move(w));
+      slice_.first = me.first;
+      slice_.end = me.end;
+      std::fprintf(stderr, "node %s: holding layers [%d, %d): %.2f MB resident\n", hello_.name.c_str(), me.first, me.end,
+                   static_cast<double>(slice_.weights->Bytes()) / 1e6);
+    }
+    if (!slice_.kv || slice_.ctx != a.ctx) {
+      slice_.kv = std::make_unique<KvCache>(spec, me.first, me.end, a.ctx);
+      slice_.ctx = a.ctx;
+    }
+    stage_ = a.your_stage;
+    stages_ = a.stages;
+    seq_ = -1;
+    return Status::Ok();
+  }
+
+  void On(wire::Activation& a) {
+    auto refuse = [&](const std::string& why) {
+      LogWarning("node " + hello_.name + ": refused a hop: " + why);
+      if (!head_address_.empty()) (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{4, hello_.name + " refused a hop: " + why}), 1000);
+    };
+    if (!slice_.weights) return refuse("no layers assigned");
+    if (a.model_hash != slice_.model_hash) return refuse("model_hash mismatch: this device holds a slice of another model");
+    if (a.next != stage_) return refuse("the hop is for stage " + std::to_string(a.next) + ", this device is stage " + std::to_string(stage_));
+    if (a.seq != seq_) {
+      slice_.kv->Truncate(0);  // a new turn starts from position 0
+      seq_ = a.seq;
+    }
+    const int hidden = slice_.info->spec.hidden;
+    HiddenStates h;
+    h.hidden = hidden;
+    const int n = static_cast<int>(a.values.size()) / hidden;
+    for (int i = 0; i < n; ++i) h.positions.push_back(a.token_index + i);
+    h.values = std::move(a.values);
+    Status st = RunLayers(*slice_.weights, slice_.first, slice_.end, h, *slice_.kv);
+    if (!st.ok()) return refuse(st.message());
+    // Fault-injection hook for the ring tests: a slow stage makes "kill it mid-turn"
+    // deterministic. Never set outside tests.
+    if (hop_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hop_delay_ms_));
+    wire::Activation out;
+    out.seq = a.seq;
+    out.token_index = a.token_index;
+    const bool last = static_cast<size_t>(stage_) + 1 >= stages_.size();
+    out.next = last ? wire::kNextReturn : stage_ + 1;
+    out.model_hash = slice_.model_hash;
+    out.values = std::move(h.values);
+    out.act_hash = wire::ActHash(out.values);
+    const std::string& to = last ? stages_[0].address : stages_[static_cast<size_t>(stage_) + 1].address;
+    Status sent = ep_->Send(to, wire::Message(out), 5000);
+    if (!sent.ok()) refuse("could not pass the activation on: " + sent.message());
+  }
+
+  void On(wire::Token& t) {
+    if (!o_.print_tokens) return;
+    if (t.seq != printed_seq_) {
+      printed_seq_ = t.seq;
+      stream_ids_.clear();
+      printed_.clear();
+    }
+    stream_ids_.push_back(t.token_id);
+    if (!slice_.tokenizer) {
+      std::fprintf(stdout, "%d ", t.token_id);
+    } else {
+      std::string text = slice_.tokenizer->Decode(stream_ids_, true);
+      // Hold back an incomplete UTF-8 sequence (shown as U+FFFD until its last byte).
+      if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
+      if (text.compare(0, printed_.size(), printed_) == 0) std::fputs(text.c_str() + printed_.size(), stdout);
+      printed_ = text;
+    }
+    std::fflush(stdout);
+  }
+
+  void On(wire::Done& d) {
+    if (o_.print_tokens && d.seq == printed_seq_) std::fputs("\n", stdout);
+    std::fflush(stdout);
+  }
+  void On(wire::ErrorMsg& e) { LogWarning("node " + hello_.name + ": the head says: " + e.message); }
+  void On(wire::Bye&) {}
+  void On(wire::Heartbeat&) {}
+  void On(wire::Hello&) {}
+  void On(wire::Ready&) {}
+  void On(wire::Join&) {}
+
+  const NodeOptions& o_;
+  int hop_delay_ms_ = 0;
+  std::string id_;
+  std::unique_ptr<net::Endpoint> ep_;
+  wire::Hello hello_;
+  bool joined_ = false;
+  Clock::time_point last_beat_ = Clock::now();
+  std::string head_id_, head_address_;
+  Slice slice_;
+  int stage_ = -1;
+  std::vector<wire::StageEntry> stages_;
+  int32_t seq_ = -1;
+  int32_t printed_seq_ = -1;
+  std::vector<int32_t> stream_ids_;
+  std::string printed_;
+};
+
+}  // namespace
+
+Status RunNode(const NodeOptions& options) {
+  Node node(options);
+  return node.Run();
+}
+
+}  // namespace daisy

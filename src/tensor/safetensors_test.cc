@@ -1,0 +1,283 @@
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "daisy/safetensors.h"
+
+namespace daisy {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Builds the bytes of a safetensors file from a header JSON text and a data section.
+std::string FileBytes(const std::string& header, size_t data_bytes, uint64_t declared_len = UINT64_MAX) {
+  uint64_t len = declared_len == UINT64_MAX ? header.size() : declared_len;
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  out += header;
+  out += std::string(data_bytes, '\0');
+  return out;
+}
+
+Status ParseBytes(const std::string& bytes, const std::string& name = "bad.safetensors") {
+  auto dir = fs::temp_directory_path() / "daisy_st_test";
+  fs::create_directories(dir);
+  { std::ofstream(dir / name, std::ios::binary) << bytes; }
+  auto src = OpenLocalFile((dir / name).string());
+  if (!src.ok()) return src.status();
+  return ReadSafetensorsHeader(**src, name).status();
+}
+
+void ExpectRefused(const std::string& bytes, const std::string& needle) {
+  Status st = ParseBytes(bytes);
+  ASSERT_FALSE(st.ok()) << "expected refusal mentioning: " << needle;
+  EXPECT_NE(st.message().find("bad.safetensors"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+}
+
+TEST(SafetensorsHeader, AcceptsAValidFileWithMetadata) {
+  std::string h = R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,3],"data_offsets":[16,28]},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+  auto dir = fs::temp_directory_path() / "daisy_st_test";
+  fs::create_directories(dir);
+  { std::ofstream(dir / "ok.safetensors", std::ios::binary) << FileBytes(h, 28); }
+  auto src = OpenLocalFile((dir / "ok.safetensors").string());
+  ASSERT_TRUE(src.ok());
+  auto hdr = ReadSafetensorsHeader(**src, "ok.safetensors");
+  ASSERT_TRUE(hdr.ok()) << hdr.status().message();
+  ASSERT_EQ(hdr->tensors.size(), 2u);
+  EXPECT_EQ(hdr->tensors[0].name, "a");  // sorted by offset
+  EXPECT_EQ(hdr->tensors[0].offset, 8 + h.size());
+  EXPECT_EQ(hdr->tensors[1].dtype, DType::kBF16);
+  EXPECT_EQ(hdr->tensors[1].Elements(), 6u);
+  EXPECT_EQ(hdr->metadata.at("format"), "pt");
+}
+
+TEST(SafetensorsHeader, RefusesMalformedFilesWithClearErrors) {
+  // Truncated: shorter than the length prefix, and a header cut short.
+  ExpectRefused(std::string("\x05\x00\x00", 3), "shorter than the 8-byte length prefix");
+  ExpectRefused(FileBytes("{\"a\":", 0, 100), "runs past the end of the file");
+  // Header length beyond the file, and beyond the limit.
+  ExpectRefused(FileBytes("{}", 0, 1ull << 40), "exceeds the limit");
+  ExpectRefused(FileBytes("{}", 0, 3), "runs past the end of the file");
+  ExpectRefused(FileBytes("{\"a\"", 4, 6), "invalid JSON");
+  // Not an object / invalid JSON / nesting bomb.
+  ExpectRefused(FileBytes("[1,2,3]", 0), "not a JSON object");
+  ExpectRefused(FileBytes("{\"a\":{\"dtype\":\"F32\",", 0), "invalid JSON");
+  ExpectRefused(FileBytes(std::string(5000, '[') + std::string(5000, ']'), 0), "nested too deeply");
+  // Overlapping and out-of-range offsets.
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", 24), "overlap");
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8), "outside the data section");
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})", 16), "begin > end");
+  // Size / shape mismatch.
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[5],"data_offsets":[0,16]}})", 16), "need 20");
+  // Unknown dtype.
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"Q4_K","shape":[4],"data_offsets":[0,16]}})", 16), "unknown dtype 'Q4_K'");
+  // Shapes whose product overflows 64 bits.
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", 16), "overflows 64 bits");
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,16]}})", 16), "overflows 64 bits");
+  // Wrong field types.
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", 16), "non-negative integer");
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4]}})", 16), "data_offsets");
+  ExpectRefused(FileBytes(R"({"__metadata__":{"x":1}})", 0), "__metadata__");
+  ExpectRefused(FileBytes(R"({"a":7})", 0), "is not an object");
+}
+
+TEST(SafetensorsHeader, RecognisesNonWeightDTypesAndRefusesThemAsWeights) {
+  for (const char* d : {"I8", "U8", "I32", "I64", "F64", "BOOL", "F8_E4M3", "F8_E5M2"}) {
+    std::string h = std::string(R"({"a":{"dtype":")") + d + R"(","shape":[0],"data_offsets":[0,0]}})";
+    auto parsed = ParseSafetensorsHeader("x.safetensors", h, h.size(), 8 + h.size());
+    ASSERT_TRUE(parsed.ok()) << d << ": " << parsed.status().message();
+    DType dt = parsed->tensors[0].dtype;
+    EXPECT_FALSE(IsWeightDType(dt));
+    EXPECT_EQ(DTypeName(dt), d);
+    std::vector<float> out;
+    Status st = WidenToF32(dt, {}, out);
+    EXPECT_EQ(st.code(), ErrorCode::kUnimplemented);
+    EXPECT_NE(st.message().find(d), std::string::npos);
+  }
+}
+
+TEST(Widening, Bf16IsExactForAll65536Patterns) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    float f = WidenBF16(static_cast<uint16_t>(b));
+    ASSERT_EQ(std::bit_cast<uint32_t>(f), b << 16) << b;
+  }
+}
+
+TEST(Widening, F16IsExactForAll65536Patterns) {
+  int nans = 0, subnormals = 0;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const uint16_t h = static_cast<uint16_t>(b);
+    const float f = WidenF16(h);
+    const uint32_t bits = std::bit_cast<uint32_t>(f);
+    if (((h >> 10) & 0x1f) == 0x1f && (h & 0x3ff) != 0) {
+      // NaN: sign and payload kept bit for bit (no quieting).
+      ++nans;
+      ASSERT_EQ(bits, (static_cast<uint32_t>(h & 0x8000) << 16) | 0x7f800000u | (static_cast<uint32_t>(h & 0x3ff) << 13)) << b;
+      continue;
+    }
+    // Independent reference: the compiler's own half-precision conversion.
+    const float ref = static_cast<float>(std::bit_cast<_Float16>(h));
+    ASSERT_EQ(bits, std::bit_cast<uint32_t>(ref)) << "pattern " << b;
+    if (((h >> 10) & 0x1f) == 0 && (h & 0x3ff) != 0) ++subnormals;
+  }
+  EXPECT_EQ(nans, 2 * 1023);
+  EXPECT_EQ(subnormals, 2 * 1023);
+  EXPECT_TRUE(std::signbit(WidenF16(0x8000)));
+  EXPECT_EQ(WidenF16(0x7c00), INFINITY);
+  EXPECT_EQ(WidenF16(0x0001), std::ldexp(1.0f, -24));
+}
+
+TEST(RangePlanner, CoalescesNearbyRangesPerFile) {
+  std::vector<ByteRange> r = {
+      {"b", 100, 10}, {"a", 0, 10}, {"a", 10, 5}, {"a", 40, 10}, {"a", 1000, 1}, {"b", 0, 0}};
+  auto out = CoalesceRanges(r, 30);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].file, "a");
+  EXPECT_EQ(out[0].offset, 0u);
+  EXPECT_EQ(out[0].length, 50u);  // gap of 25 <= 30 merged
+  EXPECT_EQ(out[1].offset, 1000u);  // gap of 950 > 30 kept apart
+  EXPECT_EQ(out[2].file, "b");
+  EXPECT_EQ(out[2].length, 10u);
+  EXPECT_EQ(CoalesceRanges(r, 0).size(), 4u);
+}
+
+// A ModelSource over a folder that counts reads and bytes, as the Hub test server does.
+class CountingSource final : public ModelSource {
+ public:
+  explicit CountingSource(std::string dir) : inner_(OpenLocalFolder(dir).value()) {}
+  std::string Describe() const override { return inner_->Describe(); }
+  std::string ModelId() const override { return inner_->ModelId(); }
+  std::string Revision() const override { return inner_->Revision(); }
+  Result<std::string> ReadFile(std::string_view f) override {
+    files_touched.insert(std::string(f));
+    return inner_->ReadFile(f);
+  }
+  Result<std::unique_ptr<ByteSource>> OpenFile(std::string_view f) override;
+  int reads = 0;
+  uint64_t bytes = 0;
+  std::set<std::string> files_touched;
+
+ private:
+  std::unique_ptr<ModelSource> inner_;
+};
+
+class CountingFile final : public ByteSource {
+ public:
+  CountingFile(std::unique_ptr<ByteSource> inner, CountingSource* owner) : inner_(std::move(inner)), owner_(owner) {}
+  const std::string& name() const override { return inner_->name(); }
+  Result<uint64_t> Size() override { return inner_->Size(); }
+  Status ReadStream(uint64_t off, uint64_t len, const ChunkSink& sink) override {
+    ++owner_->reads;
+    owner_->bytes += len;
+    return inner_->ReadStream(off, len, sink);
+  }
+
+ private:
+  std::unique_ptr<ByteSource> inner_;
+  CountingSource* owner_;
+};
+
+Result<std::unique_ptr<ByteSource>> CountingSource::OpenFile(std::string_view f) {
+  files_touched.insert(std::string(f));
+  DAISY_ASSIGN_OR_RETURN(auto inner, inner_->OpenFile(f));
+  return std::unique_ptr<ByteSource>(new CountingFile(std::move(inner), this));
+}
+
+// Writes a safetensors file of F32 tensors t<i> of `n` floats each (value = i * 1000 + j).
+void WriteShard(const fs::path& path, int first, int count, int n) {
+  nlohmann::json h = nlohmann::json::object();
+  for (int i = 0; i < count; ++i)
+    h["t" + std::to_string(first + i)] = {{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {i * n * 4, (i + 1) * n * 4}}};
+  std::string hs = h.dump();
+  std::string bytes = FileBytes(hs, 0);
+  for (int i = 0; i < count; ++i)
+    for (int j = 0; j < n; ++j) {
+      float v = static_cast<float>((first + i) * 1000 + j);
+      bytes.append(reinterpret_cast<const char*>(&v), 4);
+    }
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+TEST(TensorIndex, ShardedRepoTouchesOnlyTheShardsARequestNeeds) {
+  auto dir = fs::temp_directory_path() / "daisy_sharded";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  WriteShard(dir / "model-00001-of-00003.safetensors", 0, 4, 8);
+  WriteShard(dir / "model-00002-of-00003.safetensors", 4, 4, 8);
+  WriteShard(dir / "model-00003-of-00003.safetensors", 8, 4, 8);
+  nlohmann::json idx = {{"metadata", {{"total_size", 12 * 32}}}, {"weight_map", nlohmann::json::object()}};
+  for (int i = 0; i < 12; ++i)
+    idx["weight_map"]["t" + std::to_string(i)] = "model-0000" + std::to_string(i / 4 + 1) + "-of-00003.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+
+  CountingSource src(dir.string());
+  auto index = TensorIndex::Open(src);
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  EXPECT_TRUE(index->Has("t11"));
+  EXPECT_EQ(index->Find("t11"), nullptr);  // header not read yet
+  std::vector<std::string> names = {"t5", "t6", "t7"};
+  ASSERT_TRUE(index->LoadHeadersFor(src, names).ok());
+  EXPECT_EQ(src.files_touched.count("model-00001-of-00003.safetensors"), 0u);
+  EXPECT_EQ(src.files_touched.count("model-00003-of-00003.safetensors"), 0u);
+
+  src.reads = 0;
+  src.bytes = 0;
+  std::vector<std::pair<std::string, float>> got;
+  ASSERT_TRUE(FetchTensors(src, *index, names, [&](const TensorInfo& t, std::span<const float> v) {
+                got.emplace_back(t.name, v[3]);
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(src.reads, 1);          // three adjacent tensors: one request
+  EXPECT_EQ(src.bytes, 3u * 32u);   // exactly their bytes
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], (std::pair<std::string, float>("t5", 5003.0f)));
+  EXPECT_EQ(got[2], (std::pair<std::string, float>("t7", 7003.0f)));
+  EXPECT_EQ(src.files_touched.count("model-00001-of-00003.safetensors"), 0u);
+
+  // A tensor the index names but its shard lacks is an error, not a crash.
+  idx["weight_map"]["ghost"] = "model-00001-of-00003.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+  auto index2 = TensorIndex::Open(src);
+  ASSERT_TRUE(index2.ok());
+  Status st = index2->LoadHeadersFor(src, {"ghost"});
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("ghost"), std::string::npos);
+  // An index that points outside the folder is refused.
+  idx["weight_map"]["evil"] = "../../etc/passwd";
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+  EXPECT_FALSE(TensorIndex::Open(src).ok());
+  fs::remove_all(dir);
+}
+
+TEST(FetchTensors, DeliversEveryTensorOfTheBundledModelInOrder) {
+  const char* models = std::getenv("DAISY_MODELS");
+  ASSERT_NE(models, nullptr);
+  CountingSource src(std::string(models) + "/stories260K");
+  auto index = TensorIndex::Load(src);
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  EXPECT_EQ(index->ParameterCount(), 260032u);
+  std::vector<std::string> names;
+  for (const auto& t : index->tensors()) names.push_back(t.name);
+  src.reads = 0;
+  uint64_t elements = 0;
+  TransferProgress last;
+  ASSERT_TRUE(FetchTensors(src, *index, names, [&](const TensorInfo& t, std::span<const float> v) {
+                EXPECT_EQ(v.size(), t.Elements());
+                elements += v.size();
+                return Status::Ok();
+              }, [&](const TransferProgress& p) { last = p; }).ok());
+  EXPECT_EQ(elements, 260032u);
+  EXPECT_EQ(src.reads, 1);
+  EXPECT_EQ(last.bytes_done, last.bytes_total);
+  EXPECT_EQ(last.bytes_total, 260032u * 4);
+}
+
+}  // namespace
+}  // namespace daisy

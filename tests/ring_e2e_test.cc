@@ -1,0 +1,309 @@
+// The ring end to end with real processes on 127.0.0.1: `daisychain serve`, `node` and
+// `run`, against `daisychain generate` on one device.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "daisy/model.h"
+#include "daisy/safetensors.h"
+#include "e2e_util.h"
+#include "model_maker.h"
+#include "proc_util.h"
+#include "test_hub.h"
+
+namespace daisy {
+namespace {
+
+namespace fs = std::filesystem;
+using e2e::Proc;
+
+std::string Stories() { return e2e::Models() + "/stories260K"; }
+
+class RingTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/daisy_ring_models_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    models_ = tmpl;
+    modelmaker::MakeOptions o;
+    o.tokenizer_dir = Stories();
+    o.seed = 7;
+    ASSERT_TRUE(modelmaker::MakeModel(modelmaker::PresetShape("tiny-llama-30"), (models_ / "tiny30").string(), o).ok());
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(models_, ec);
+  }
+  void SetUp() override {
+    char tmpl[] = "/tmp/daisy_ring_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    tmp_ = tmpl;
+    port_ = e2e::FreePort();
+  }
+  void TearDown() override {
+    procs_.clear();
+    serve_ = Proc();
+    if (!HasFailure()) {
+      std::error_code ec;
+      fs::remove_all(tmp_, ec);
+    } else {
+      std::fprintf(stderr, "logs kept in %s\n", tmp_.c_str());
+    }
+  }
+
+  std::vector<std::string> BaseEnv(const std::string& home) const {
+    std::vector<std::string> env = {"DAISY_HOME=" + (tmp_ / home).string()};
+    for (const auto& e : extra_env_) env.push_back(e);
+    return env;
+  }
+  std::string Join() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  void StartServe(bool compute) {
+    std::vector<std::string> args = {e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--name", "serve"};
+    if (!compute) args.push_back("--no-compute");
+    serve_ = Proc::Spawn(args, BaseEnv("serve"), (tmp_ / "serve.log").string());
+  }
+  void StartNodes(int n, const std::vector<std::string>& env = {}) {
+    for (int i = 0; i < n; ++i) {
+      const std::string name = "node-" + std::to_string(procs_.size() + 1);
+      auto e = BaseEnv(name);
+      for (const auto& x : env) e.push_back(x);
+      procs_.push_back(Proc::Spawn({e2e::Bin(), "node", "--join", Join(), "--name", name}, e, (tmp_ / (name + ".log")).string()));
+    }
+  }
+  // `daisychain run ... --json`; returns the exit code and the parsed object (or null).
+  std::pair<int, nlohmann::json> Run(const std::vector<std::string>& extra, double timeout_s = 120) {
+    std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head"};
+    for (const auto& a : extra) args.push_back(a);
+    const std::string log = (tmp_ / ("run" + std::to_string(++runs_) + ".log")).string();
+    Proc p = Proc::Spawn(args, BaseEnv("head"), log);
+    const int rc = p.Wait(timeout_s);
+    last_run_log_ = e2e::ReadAll(log);
+    nlohmann::json j;
+    // The JSON object is the last line of the log (status lines go to stderr first).
+    const size_t brace = last_run_log_.rfind("\n{");
+    const std::string tail = brace == std::string::npos ? last_run_log_ : last_run_log_.substr(brace + 1);
+    try {
+      j = nlohmann::json::parse(tail);
+    } catch (...) {
+    }
+    return {rc, j};
+  }
+  std::vector<int> GenerateIds(const std::string& model, const std::string& prompt, int n) {
+    auto r = e2e::RunCli("DAISY_HOME=" + (tmp_ / "gen").string(),
+                         "generate --model " + model + " --prompt '" + prompt + "' -n " + std::to_string(n) + " --json",
+                         tmp_.string());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["ids"].get<std::vector<int>>();
+  }
+  void ExpectVerifiedSplit(const std::string& model, const std::vector<std::string>& split, size_t stages,
+                           const std::vector<int>& want) {
+    std::vector<std::string> args = {"--model", model, "--prompt", "Once upon a time", "-n", "40", "--verify"};
+    for (const auto& s : split) args.push_back(s);
+    auto [rc, j] = Run(args);
+    ASSERT_EQ(rc, 0) << last_run_log_;
+    ASSERT_TRUE(j.is_object()) << last_run_log_;
+    EXPECT_TRUE(j["verified"].get<bool>()) << last_run_log_;
+    EXPECT_EQ(j["plan"].size(), stages) << last_run_log_;
+    EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
+    EXPECT_GT(j["ring_hops"].get<int>(), 0);
+  }
+
+  static fs::path models_;
+  fs::path tmp_;
+  int port_ = 0;
+  int runs_ = 0;
+  Proc serve_;
+  std::vector<Proc> procs_;
+  std::vector<std::string> extra_env_;
+  std::string last_run_log_;
+};
+fs::path RingTest::models_;
+
+TEST_F(RingTest, SplitsOverTwoThreeAndSixDevicesGiveTheSingleDeviceIds) {
+  StartServe(/*compute=*/true);  // the serve process is a device too
+  StartNodes(4);
+  const auto stories = GenerateIds(Stories(), "Once upon a time", 40);
+  ExpectVerifiedSplit(Stories(), {"--stages", "2"}, 2, stories);
+  ExpectVerifiedSplit(Stories(), {"--stages", "3"}, 3, stories);
+  ExpectVerifiedSplit(Stories(), {"--plan", "0,1,1,1,1,1"}, 6, stories);  // 5 layers: the head keeps none
+  const std::string tiny = (models_ / "tiny30").string();
+  const auto tiny_ids = GenerateIds(tiny, "Once upon a time", 40);
+  ExpectVerifiedSplit(tiny, {"--stages", "2"}, 2, tiny_ids);
+  ExpectVerifiedSplit(tiny, {"--stages", "3"}, 3, tiny_ids);
+  ExpectVerifiedSplit(tiny, {"--stages", "6"}, 6, tiny_ids);
+}
+
+TEST_F(RingTest, TheRendezvousNeverHoldsThePrompt) {
+  StartServe(/*compute=*/false);
+  StartNodes(1);
+  const std::string marker = "Zanzibar quokka marmalade";
+  auto [rc, j] = Run({"--model", Stories(), "--prompt", marker, "-n", "8", "--stages", "2"});
+  ASSERT_EQ(rc, 0) << last_run_log_;
+  // Its memory, read while it runs.
+  std::ifstream maps("/proc/" + std::to_string(serve_.pid()) + "/maps");
+  std::ifstream mem("/proc/" + std::to_string(serve_.pid()) + "/mem", std::ios::binary);
+  ASSERT_TRUE(maps.good() && mem.good());
+  std::string line;
+  uint64_t scanned = 0;
+  while (std::getline(maps, line)) {
+    unsigned long long a = 0, b = 0;
+    char perms[8] = {0};
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s", &a, &b, perms) != 3 || perms[0] != 'r') continue;
+    if (line.find("[vvar]") != std::string::npos) continue;
+    std::string buf(static_cast<size_t>(b - a), '\0');
+    mem.clear();
+    mem.seekg(static_cast<std::streamoff>(a));
+    if (!mem.read(buf.data(), static_cast<std::streamsize>(buf.size()))) continue;
+    scanned += buf.size();
+    ASSERT_EQ(buf.find(marker), std::string::npos) << "the prompt is in the rendezvous's memory: " << line;
+  }
+  EXPECT_GT(scanned, 100000u);
+  serve_.Stop(SIGTERM);
+  EXPECT_EQ(e2e::ReadAll((tmp_ / "serve.log").string()).find(marker), std::string::npos);
+  // The marker did reach the head: the scan would have found it there.
+  EXPECT_NE(j["prompt_ids"].size(), 0u);
+}
+
+TEST_F(RingTest, EachDeviceDownloadsOnlyItsOwnLayersAndOnlyTheHeadTheEmbedding) {
+  fs::create_directories(tmp_ / "repos/acme");
+  fs::copy(Stories(), tmp_ / "repos/acme/stories", fs::copy_options::recursive);
+  auto hub = testing::TestHub::Start((tmp_ / "repos").string());
+  ASSERT_TRUE(hub.ok());
+  extra_env_ = {"HF_ENDPOINT=" + (*hub)->endpoint()};
+  StartServe(/*compute=*/false);
+  StartNodes(2);
+  auto [rc, j] = Run({"--model", "acme/stories", "--prompt", "Once upon a time", "-n", "20", "--stages", "3"});
+  ASSERT_EQ(rc, 0) << last_run_log_;
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), GenerateIds(Stories(), "Once upon a time", 20));
+
+  auto src = OpenLocalFolder(Stories());
+  auto info = LoadModelInfo(**src);
+  ASSERT_TRUE(info.ok());
+  // Which stage each byte of the file belongs to.
+  struct Owned {
+    uint64_t begin, end;
+    int stage;
+    std::string name;
+  };
+  std::vector<Owned> owned;
+  for (size_t s = 0; s < j["plan"].size(); ++s) {
+    const int first = j["plan"][s]["layers"][0], end = j["plan"][s]["layers"][1];
+    for (const auto& n : StageTensorNames(info->spec, first, end, s == 0)) {
+      const TensorInfo* t = info->index.Find(n);
+      owned.push_back({t->offset, t->offset + t->bytes, static_cast<int>(s), n});
+    }
+  }
+  const uint64_t data_start = 8 + 4856;
+  std::map<int, uint64_t> bytes_by_stage;
+  int embedding_reads = 0;
+  for (const auto& r : (*hub)->requests()) {
+    if (!r.path.ends_with("/model.safetensors") || r.range.empty()) continue;
+    const size_t eq = r.range.find('='), dash = r.range.find('-');
+    const uint64_t a = std::stoull(r.range.substr(eq + 1, dash - eq - 1)), b = std::stoull(r.range.substr(dash + 1)) + 1;
+    if (b <= data_start) continue;  // the header, read by every device
+    std::set<int> stages;
+    for (const auto& o : owned)
+      if (o.begin < b && a < o.end) {
+        stages.insert(o.stage);
+        if (o.name == "model.embed_tokens.weight") ++embedding_reads;
+      }
+    EXPECT_EQ(stages.size(), 1u) << "range " << r.range << " spans several stages' tensors";
+    if (!stages.empty()) bytes_by_stage[*stages.begin()] += b - a;
+  }
+  EXPECT_EQ(embedding_reads, 1) << "only the head fetches the embedding, once";
+  for (size_t s = 0; s < j["plan"].size(); ++s) {
+    uint64_t want = 0;
+    for (const auto& o : owned)
+      if (o.stage == static_cast<int>(s)) want += o.end - o.begin;
+    EXPECT_EQ(bytes_by_stage[static_cast<int>(s)], want) << "stage " << s;
+  }
+}
+
+// The ids of the nodes, in the order the planner takes them (by id).
+std::vector<std::string> NodeIdsSorted(const fs::path& tmp, int n) {
+  std::vector<std::string> ids;
+  for (int i = 1; i <= n; ++i) {
+    std::string id;
+    for (int tries = 0; tries < 200 && id.empty(); ++tries) {
+      std::ifstream(tmp / ("node-" + std::to_string(i)) / "id-node") >> id;
+      if (id.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+int NodeIndexOf(const std::vector<std::string>& ids, const std::string& id) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == id) return static_cast<int>(i);
+  return -1;
+}
+
+TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
+  StartServe(/*compute=*/false);
+  StartNodes(3, {"DAISY_TEST_HOP_DELAY_MS=30"});
+  const std::string tiny = (models_ / "tiny30").string();
+  const auto want = GenerateIds(tiny, "Once upon a time", 80);
+  auto ids = NodeIdsSorted(tmp_, 3);
+  auto sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  const int victim = NodeIndexOf(ids, sorted[0]);  // in the first plan: head + the two lowest ids
+
+  std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
+                                   "--prompt", "Once upon a time", "-n", "80", "--stages", "3"};
+  Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-kill.log").string());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  procs_[static_cast<size_t>(victim)].Stop(SIGKILL);
+  const int rc = run.Wait(90);
+  const std::string log = e2e::ReadAll((tmp_ / "run-kill.log").string());
+  ASSERT_EQ(rc, 0) << log;
+  auto j = nlohmann::json::parse(log.substr(log.rfind("\n{") + 1));
+  EXPECT_EQ(j["replays"], 1) << log;
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
+  EXPECT_EQ(j["plan"].size(), 3u);  // the spare node took the dead one's place
+}
+
+TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNextPrompt) {
+  StartServe(/*compute=*/false);
+  StartNodes(3, {"DAISY_TEST_HOP_DELAY_MS=30"});
+  const std::string tiny = (models_ / "tiny30").string();
+  auto ids = NodeIdsSorted(tmp_, 3);
+  auto sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  const int first_victim = NodeIndexOf(ids, sorted[0]);
+  const int replacement = NodeIndexOf(ids, sorted[2]);
+
+  std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
+                                   "--prompt", "Once upon a time", "-n", "200", "--stages", "3"};
+  const auto start = std::chrono::steady_clock::now();
+  Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-kill2.log").string());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  procs_[static_cast<size_t>(first_victim)].Stop(SIGKILL);
+  // The head notices within a few seconds, re-plans with the spare and replays; kill that too.
+  const std::string log_path = (tmp_ / "run-kill2.log").string();
+  for (int i = 0; i < 300 && e2e::ReadAll(log_path).find("re-planning") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  procs_[static_cast<size_t>(replacement)].Stop(SIGKILL);
+  const int rc = run.Wait(40);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string log = e2e::ReadAll(log_path);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(rc, -2) << "the head hung";
+  EXPECT_LT(took, 40.0);
+  EXPECT_NE(log.find("error: the replay failed too"), std::string::npos) << log;
+
+  // The rendezvous and the surviving node serve the next prompt.
+  const auto want = GenerateIds(tiny, "Lily and Ben", 20);
+  auto [rc2, j] = Run({"--model", tiny, "--prompt", "Lily and Ben", "-n", "20", "--stages", "2"});
+  ASSERT_EQ(rc2, 0) << last_run_log_;
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
+}
+
+}  // namespace
+}  // namespace daisy
