@@ -35,7 +35,7 @@ test-asan: deps
 test: test-unit test-asan
 
 demo: build
-	$(BIN) inspect --model models/stories260K --devices 3
+	$(BIN) demo
 
 bench: build
 	$(BIN) bench

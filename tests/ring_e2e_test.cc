@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "daisy/model.h"
 #include "daisy/safetensors.h"
@@ -66,6 +67,17 @@ class RingTest : public ::testing::Test {
     std::vector<std::string> args = {e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--name", "serve"};
     if (!compute) args.push_back("--no-compute");
     serve_ = Proc::Spawn(args, BaseEnv("serve"), (tmp_ / "serve.log").string());
+  }
+  // Waits until the rendezvous has admitted `n` devices (serve logs each join).
+  void WaitForJoined(int n) {
+    for (int i = 0; i < 200; ++i) {
+      const std::string log = e2e::ReadAll((tmp_ / "serve.log").string());
+      int joined = 0;
+      for (size_t at = log.find("joined room"); at != std::string::npos; at = log.find("joined room", at + 1)) ++joined;
+      if (joined >= n) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "only some devices joined: " << e2e::ReadAll((tmp_ / "serve.log").string());
   }
   void StartNodes(int n, const std::vector<std::string>& env = {}) {
     for (int i = 0; i < n; ++i) {
@@ -247,6 +259,7 @@ int NodeIndexOf(const std::vector<std::string>& ids, const std::string& id) {
 TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   StartServe(/*compute=*/false);
   StartNodes(3, {"DAISY_TEST_HOP_DELAY_MS=30"});
+  WaitForJoined(3);
   const std::string tiny = (models_ / "tiny30").string();
   const auto want = GenerateIds(tiny, "Once upon a time", 80);
   auto ids = NodeIdsSorted(tmp_, 3);
@@ -271,6 +284,7 @@ TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
 TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNextPrompt) {
   StartServe(/*compute=*/false);
   StartNodes(3, {"DAISY_TEST_HOP_DELAY_MS=30"});
+  WaitForJoined(3);
   const std::string tiny = (models_ / "tiny30").string();
   auto ids = NodeIdsSorted(tmp_, 3);
   auto sorted = ids;

@@ -1,5 +1,7 @@
 #include "cli_common.h"
 
+#include <CLI/CLI.hpp>
+
 #include "daisy/hub.h"
 
 namespace daisy::cli {
@@ -9,6 +11,27 @@ Result<std::unique_ptr<ModelSource>> OpenSourceForCli(const std::string& src, bo
   options.use_cache = use_cache;
   options.progress = TerminalProgressBar("download");  // empty when stderr is not a terminal
   return OpenModelSource(src, options);
+}
+
+void AddGenFlags(CLI::App* sub, GenFlags& f) {
+  sub->add_option("-n,--max-tokens", f.max_tokens, "Tokens to generate at most (default 60)")->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--temperature", f.temperature, "Sampling temperature; 0 = greedy (default 0)");
+  sub->add_option("--seed", f.seed, "Sampling seed; the draw at each position depends only on it (default 1234)");
+  sub->add_option("--top-k", f.top_k, "Keep the k most likely tokens; 0 = off");
+  sub->add_option("--top-p", f.top_p, "Nucleus sampling mass; 1 = off");
+  sub->add_option("--ctx", f.ctx, "Context length (default: the model's, at most 4096)");
+  sub->add_option("--stop-id", f.stop_ids, "Extra token id that ends generation (repeatable); the model's eos ids always do");
+}
+
+GenerateOptions ToGenerateOptions(const GenFlags& f) {
+  GenerateOptions g;
+  g.max_tokens = f.max_tokens;
+  g.sampling.temperature = f.temperature;
+  g.sampling.seed = f.seed;
+  g.sampling.top_k = f.top_k;
+  g.sampling.top_p = f.top_p;
+  for (int id : f.stop_ids) g.stop_ids.push_back(id);
+  return g;
 }
 
 }  // namespace daisy::cli

@@ -48,7 +48,9 @@ uint64_t PeakMemoryBytes() {
 // The bundled model: $DAISY_MODELS/stories260K, else models/stories260K in a folder above
 // the executable (a build tree inside the checkout), else under the working directory.
 std::string BundledModel() {
-  auto is_model = [](const fs::path& p) { return fs::exists(p / "config.json") && fs::exists(p / "model.safetensors"); };
+  auto is_model = [](const fs::path& p) {
+    return fs::exists(p / "config.json") && fs::exists(p / "model.safetensors");
+  };
   if (const char* env = std::getenv("DAISY_MODELS"); env && is_model(fs::path(env) / "stories260K"))
     return (fs::path(env) / "stories260K").string();
   std::error_code ec;
@@ -84,12 +86,14 @@ int RunBench(const BenchCliOptions& o) {
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   // A fixed, spread-out prompt (no tokenizer needed): ids cycle through the vocabulary.
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
-  for (int i = 0; i < n_prompt; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((1 + 7919LL * i) % spec.vocab);
+  for (int i = 0; i < n_prompt; ++i)
+    prompt[static_cast<size_t>(i)] = static_cast<int32_t>((1 + 7919LL * i) % spec.vocab);
   GenerateOptions g;
   g.max_tokens = o.decode_tokens;  // no stop ids: always the full count
   Generator gen(pipeline->head());
   // warm-up (page in the weights, spin up the threads), then the measured turn
-  if (auto w = gen.Generate(std::span<const int32_t>(prompt).subspan(0, std::min<size_t>(8, prompt.size())), g); !w.ok())
+  if (auto w = gen.Generate(std::span<const int32_t>(prompt).subspan(0, std::min<size_t>(8, prompt.size())), g);
+      !w.ok())
     return ReportError(w.status().ToString());
   auto r = gen.Generate(prompt, g);
   if (!r.ok()) return ReportError(r.status().ToString());
@@ -144,7 +148,8 @@ DAISY_REGISTER_COMMAND(bench, 80, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--model", o->model, "Model to time (default: the bundled stories260K)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Prefill length (default 128)")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--decode-tokens", o->decode_tokens, "Tokens to decode (default 64)")->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--kernel-seconds", o->kernel_seconds, "Seconds per kernel case (default 0.5)")->check(CLI::Range(0.01, 60.0));
+  sub->add_option("--kernel-seconds", o->kernel_seconds, "Seconds per kernel case (default 0.5)")
+      ->check(CLI::Range(0.01, 60.0));
   sub->add_option("--threads", o->threads, "Kernel threads (default: all cores)")->check(CLI::Range(1, 1024));
   sub->add_flag("--json", o->json, "Print one JSON object");
   sub->add_flag("--no-cache", o->no_cache, "Do not use the on-disk download cache");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "daisy/head.h"
 #include "daisy/log.h"

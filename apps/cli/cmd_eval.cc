@@ -117,23 +117,24 @@ int RunEval(const EvalCliOptions& o) {
   std::vector<double> logprob(static_cast<size_t>(positions));
   double nll_sum = 0;
   int correct = 0;
-  const size_t V = static_cast<size_t>(spec.vocab);
+  const size_t vocab = static_cast<size_t>(spec.vocab);
   for (int at = 0; at < positions; at += o.chunk) {
     const int n = std::min(o.chunk, positions - at);
-    auto logits = pipeline->head().ForwardAll(std::span<const int32_t>(ids).subspan(static_cast<size_t>(at), static_cast<size_t>(n)), at);
+    auto logits = pipeline->head().ForwardAll(
+        std::span<const int32_t>(ids).subspan(static_cast<size_t>(at), static_cast<size_t>(n)), at);
     if (!logits.ok()) return ReportError(logits.status().ToString());
     if (dump.is_open()) WriteF32(dump, *logits);
     for (int r = 0; r < n; ++r) {
-      const float* row = &(*logits)[static_cast<size_t>(r) * V];
+      const float* row = &(*logits)[static_cast<size_t>(r) * vocab];
       const int i = at + r;
       const int32_t target = ids[static_cast<size_t>(i) + 1];
       // Scoring statistics in double (a measurement of the output, not the forward pass).
       int32_t best = 0;
-      for (size_t j = 1; j < V; ++j)
+      for (size_t j = 1; j < vocab; ++j)
         if (row[j] > row[static_cast<size_t>(best)]) best = static_cast<int32_t>(j);
       const double m = row[static_cast<size_t>(best)];
       double s = 0;
-      for (size_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(row[j]) - m);
+      for (size_t j = 0; j < vocab; ++j) s += std::exp(static_cast<double>(row[j]) - m);
       const double lp = static_cast<double>(row[static_cast<size_t>(target)]) - m - std::log(s);
       top1[static_cast<size_t>(i)] = best;
       logprob[static_cast<size_t>(i)] = lp;
@@ -179,7 +180,8 @@ DAISY_REGISTER_COMMAND(eval, 30, [](CLI::App& app) -> std::function<int()> {
   auto o = std::make_shared<EvalCliOptions>();
   CLI::App* sub = app.add_subcommand("eval", "Teacher-forced scoring: per-position top-1, log-prob, perplexity");
   sub->add_option("--model", o->model, "Local folder or Hub repo id owner/name[@revision]")->required();
-  auto* text = sub->add_option("--text-file", o->text_file, "Text to score (tokenized with the model's tokenizer, BOS added)");
+  auto* text =
+      sub->add_option("--text-file", o->text_file, "Text to score (tokenized with the model's tokenizer, BOS added)");
   auto* ids = sub->add_option("--ids-file", o->ids_file, "JSON array of token ids to score");
   text->excludes(ids);
   sub->add_option("--dump-logits", o->dump_logits,

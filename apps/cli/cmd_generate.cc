@@ -26,14 +26,8 @@ namespace {
 struct GenerateCliOptions {
   std::string model;
   std::string prompt;
-  int max_tokens = 60;
-  float temperature = 0;
-  uint64_t seed = 1234;
-  int top_k = 0;
-  float top_p = 1.0f;
-  int ctx = 0;
+  GenFlags gen;
   int prefill_chunk = 0;
-  std::vector<int32_t> stop_ids;
   int threads = 0;
   bool json = false;
   bool verbose = false;
@@ -46,71 +40,13 @@ uint64_t PeakMemoryBytes() {
   return static_cast<uint64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-double PerSecond(double n, double seconds) { return seconds > 0 ? n / seconds : 0.0; }
-
-// The length of the prefix of `s` safe to print now: everything but a trailing run of
-// U+FFFD (a byte-fallback character whose remaining bytes have not arrived yet) and any
-// incomplete UTF-8 sequence at the very end.
-size_t StableLength(const std::string& s) {
-  size_t n = s.size();
-  // An incomplete sequence: a lead byte whose continuation bytes are missing.
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    const unsigned char c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
-    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    if (need > back) n -= back;
-    break;
-  }
-  static const std::string kReplacement = "\xEF\xBF\xBD";
-  while (n >= 3 && s.compare(n - 3, 3, kReplacement) == 0) n -= 3;
-  return n;
+double PerSecond(double n, double seconds) {
+  return seconds > 0 ? n / seconds : 0.0;
 }
 
-// Prints the text of the sequence as it grows. Decodes the whole sequence each time
-// (decoders strip or merge across token boundaries, so pieces alone are not the text)
-// and prints only what is new and stable.
-class TextStream {
- public:
-  TextStream(const Tokenizer& tok, std::vector<int32_t> prompt, bool print)
-      : tok_(tok), ids_(std::move(prompt)), print_(print) {
-    prompt_text_ = tok_.Decode(ids_, true);
-    Emit(prompt_text_.substr(0, StableLength(prompt_text_)));
-  }
-  void Add(int32_t id) {
-    ids_.push_back(id);
-    const std::string text = tok_.Decode(ids_, true);
-    // A decoder may rewrite earlier text (e.g. cleanup); then wait for it to settle.
-    if (text.compare(0, shown_.size(), shown_) != 0) return;
-    const size_t stable = StableLength(text);
-    if (stable > shown_.size()) Emit(text.substr(shown_.size(), stable - shown_.size()));
-  }
-  // Prints whatever is left and returns the full text.
-  std::string Finish() {
-    const std::string text = tok_.Decode(ids_, true);
-    if (text.compare(0, shown_.size(), shown_) == 0) Emit(text.substr(shown_.size()));
-    return text;
-  }
-  const std::string& prompt_text() const { return prompt_text_; }
-
- private:
-  void Emit(const std::string& piece) {
-    if (piece.empty()) return;
-    shown_ += piece;
-    if (print_) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    }
-  }
-  const Tokenizer& tok_;
-  std::vector<int32_t> ids_;
-  bool print_;
-  std::string prompt_text_;
-  std::string shown_;
-};
-
 void PrintBackendReport() {
-  std::fprintf(stderr, "backend: %s (threads %d)\n", std::string(kernels::BackendName(kernels::ActiveBackend())).c_str(),
-               kernels::Threads());
+  std::fprintf(stderr, "backend: %s (threads %d)\n",
+               std::string(kernels::BackendName(kernels::ActiveBackend())).c_str(), kernels::Threads());
   for (const auto& b : kernels::BackendReport())
     std::fprintf(stderr, "  %-11s supported=%s gate=%s%s%s\n", std::string(kernels::BackendName(b.backend)).c_str(),
                  b.supported ? "yes" : "no", b.gate_passed ? "passed" : "no", b.reason.empty() ? "" : "  ",
@@ -127,22 +63,16 @@ int RunGenerate(const GenerateCliOptions& o) {
   const ModelSpec& spec = info->spec;
   auto tok = Tokenizer::Load(**src);
   if (!tok.ok()) return ReportError(tok.status().ToString());
-  const int ctx = o.ctx > 0 ? o.ctx : DefaultContext(spec);
+  const int ctx = o.gen.ctx > 0 ? o.gen.ctx : DefaultContext(spec);
   if (Status st = CheckContext(spec, ctx); !st.ok()) return ReportError(st.ToString());
 
   auto prompt = tok->Encode(o.prompt, /*add_special_tokens=*/true);
   if (!prompt.ok()) return ReportError(prompt.status().ToString());
   if (prompt->empty()) return ReportError("the prompt encodes to no tokens; give some text");
 
-  GenerateOptions g;
-  g.max_tokens = o.max_tokens;
-  g.sampling.temperature = o.temperature;
-  g.sampling.seed = o.seed;
-  g.sampling.top_k = o.top_k;
-  g.sampling.top_p = o.top_p;
+  GenerateOptions g = ToGenerateOptions(o.gen);
   g.prefill_chunk = o.prefill_chunk;
-  g.stop_ids = spec.eos_ids;
-  g.stop_ids.insert(g.stop_ids.end(), o.stop_ids.begin(), o.stop_ids.end());
+  g.stop_ids.insert(g.stop_ids.begin(), spec.eos_ids.begin(), spec.eos_ids.end());
   if (Status st = ValidateSamplingParams(g.sampling); !st.ok()) return ReportError(st.ToString());
 
   auto pipeline = LocalPipeline::Load(**src, *info, std::vector<int>{spec.n_layers}, ctx);
@@ -154,10 +84,17 @@ int RunGenerate(const GenerateCliOptions& o) {
     std::fprintf(stderr, "prompt: %zu tokens\n", prompt->size());
   }
 
-  TextStream stream(*tok, *prompt, !o.json);
+  TextStream stream(*tok, *prompt);
+  auto show = [&](const std::string& piece) {
+    if (o.json || piece.empty()) return;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  };
+  show(stream.context_text());
   Generator gen(pipeline->head());
-  auto r = gen.Generate(*prompt, g, [&](int32_t id, std::span<const float>) { stream.Add(id); });
-  const std::string text = stream.Finish();
+  auto r = gen.Generate(*prompt, g, [&](int32_t id, std::span<const float>) { show(stream.Add(id)); });
+  show(stream.Finish());
+  const std::string text = stream.context_text() + stream.Completion();
   if (!r.ok()) {
     if (!o.json) std::fputc('\n', stdout);
     return ReportError(r.status().ToString());
@@ -173,9 +110,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     j["prompt_ids"] = *prompt;
     j["ids"] = r->ids;
     j["text"] = text;  // prompt + completion, as decoded together
-    j["completion"] = text.compare(0, stream.prompt_text().size(), stream.prompt_text()) == 0
-                          ? text.substr(stream.prompt_text().size())
-                          : tok->Decode(r->ids, true);
+    j["completion"] = stream.Completion();
     j["finish_reason"] = std::string(FinishReasonName(r->finish_reason));
     if (r->stop_id) j["stop_id"] = *r->stop_id;
     j["backend"] = backend;
@@ -212,15 +147,9 @@ DAISY_REGISTER_COMMAND(generate, 10, [](CLI::App& app) -> std::function<int()> {
   CLI::App* sub = app.add_subcommand("generate", "Generate text with the whole model on this device (no network)");
   sub->add_option("--model", o->model, "Local folder or Hub repo id owner/name[@revision]")->required();
   sub->add_option("--prompt", o->prompt, "The prompt text")->required();
-  sub->add_option("-n,--max-tokens", o->max_tokens, "Tokens to generate at most (default 60)")->check(CLI::Range(0, 1 << 20));
-  sub->add_option("--temperature", o->temperature, "Sampling temperature; 0 = greedy (default 0)");
-  sub->add_option("--seed", o->seed, "Sampling seed; the draw at each position depends only on it (default 1234)");
-  sub->add_option("--top-k", o->top_k, "Keep the k most likely tokens; 0 = off");
-  sub->add_option("--top-p", o->top_p, "Nucleus sampling mass; 1 = off");
-  sub->add_option("--ctx", o->ctx, "Context length in positions (default: the model's, at most 4096)");
+  AddGenFlags(sub, o->gen);
   sub->add_option("--prefill-chunk", o->prefill_chunk, "Prompt positions per forward step; 0 = all at once")
       ->check(CLI::Range(0, 1 << 20));
-  sub->add_option("--stop-id", o->stop_ids, "Extra token id that ends generation (repeatable); the model's eos ids always do");
   sub->add_option("--threads", o->threads, "Kernel threads (default: all cores)")->check(CLI::Range(1, 1024));
   sub->add_flag("--json", o->json,
                 "Print one JSON object: prompt_ids, ids, text (prompt + completion), completion, finish_reason, "

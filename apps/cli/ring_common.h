@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "daisy/generator.h"
 #include "daisy/head.h"
 
 namespace CLI {
@@ -17,19 +16,6 @@ namespace daisy::cli {
 // Set by SIGINT/SIGTERM once InstallStopSignals() ran.
 std::atomic<bool>& StopRequested();
 void InstallStopSignals();
-
-// Generation flags of a head command.
-struct GenFlags {
-  int max_tokens = 60;
-  float temperature = 0.0f;
-  uint64_t seed = 1234;
-  int top_k = 0;
-  float top_p = 1.0f;
-  int ctx = 0;
-  std::vector<int> stop_ids;
-};
-void AddGenFlags(CLI::App* sub, GenFlags& flags);
-GenerateOptions ToGenerateOptions(const GenFlags& flags);
 
 // Prints a finished head run: summary lines (text mode) or one JSON object.
 void PrintHeadReport(const HeadReport& report, bool json, bool verify);

@@ -84,9 +84,10 @@ struct LayerWeights {
   kernels::QuantizedMatrix o;         // (hidden, n_heads head_dim)
   std::vector<float> mlp_norm;        // (hidden)
   std::vector<float> mlp_norm_bias;   // (hidden), LayerNorm only
-  kernels::QuantizedMatrix gate_up;   // gated: (2 intermediate, hidden) gate rows then up rows; else (intermediate, hidden)
-  kernels::QuantizedMatrix down;      // (hidden, intermediate)
-  bool sliding_window = false;        // attention limited to the last spec.sliding_window keys
+  kernels::QuantizedMatrix
+      gate_up;                    // gated: (2 intermediate, hidden) gate rows then up rows; else (intermediate, hidden)
+  kernels::QuantizedMatrix down;  // (hidden, intermediate)
+  bool sliding_window = false;    // attention limited to the last spec.sliding_window keys
   size_t Bytes() const;
 };
 
@@ -106,11 +107,11 @@ class StageWeights {
  public:
   // Fetches only the tensors of layers [first, end) (+ the head's) through FetchTensors,
   // quantizing each matrix as it arrives so the f32 copy lives one tensor at a time.
-  static Result<StageWeights> Load(ModelSource& source, const ModelInfo& info, int first, int end,
-                                   bool with_head, const ProgressFn& progress = {});
+  static Result<StageWeights> Load(ModelSource& source, const ModelInfo& info, int first, int end, bool with_head,
+                                   const ProgressFn& progress = {});
   // The same from tensors in memory (F32); `tensors` may hold more than the stage needs.
-  static Result<StageWeights> FromTensors(const ModelSpec& spec, const HostTensors& tensors, int first,
-                                          int end, bool with_head);
+  static Result<StageWeights> FromTensors(const ModelSpec& spec, const HostTensors& tensors, int first, int end,
+                                          bool with_head);
 
   StageWeights(StageWeights&&) noexcept = default;
   StageWeights& operator=(StageWeights&&) noexcept = default;
@@ -139,7 +140,7 @@ class StageWeights {
   bool has_head_ = false;
   std::vector<LayerWeights> layers_;  // (end - first)
   std::unique_ptr<HeadWeights> head_;
-  std::vector<float> inv_freq_;       // (head_dim / 2)
+  std::vector<float> inv_freq_;  // (head_dim / 2)
 };
 
 // RoPE inverse frequencies theta^(-2i/d), i < d/2, with rope_scaling applied exactly as
@@ -147,9 +148,11 @@ class StageWeights {
 std::vector<float> RopeInverseFrequencies(const ModelSpec& spec);
 
 // The attention cache of layers [first, end) for up to ctx positions of one sequence.
-// Keys and values are stored as they enter the cache: int8 with one f32 scale per
-// (position, kv head), values transposed per head so P.V is an int8 product. Not
-// thread-safe; move-only (Copy() is the explicit, expensive copy).
+// Keys and values are stored as they enter the cache, per (position, kv head): a key as
+// two int8 terms k ~= k_scale * k + k_res_scale * k_res (the second quantizes what the
+// first leaves over), a value as one int8 row with its scale, transposed per head so P.V
+// is an int8 product (docs/KERNELS.md, "Attention and the KV cache"). Not thread-safe;
+// move-only (Copy() is the explicit, expensive copy).
 class KvCache {
  public:
   KvCache(const ModelSpec& spec, int first, int end, int ctx);
@@ -169,10 +172,12 @@ class KvCache {
   size_t Bytes() const;
 
   struct Layer {
-    std::vector<int8_t> k;        // (n_kv_heads, ctx, head_dim)
-    std::vector<float> k_scale;   // (n_kv_heads, ctx)
-    std::vector<int8_t> vt;       // (n_kv_heads, head_dim, ctx): V transposed per head
-    std::vector<float> v_scale;   // (n_kv_heads, ctx)
+    std::vector<int8_t> k;           // (n_kv_heads, ctx, head_dim): QuantizeRow(key)
+    std::vector<float> k_scale;      // (n_kv_heads, ctx)
+    std::vector<int8_t> k_res;       // (n_kv_heads, ctx, head_dim): QuantizeRow(key - k_scale * k)
+    std::vector<float> k_res_scale;  // (n_kv_heads, ctx)
+    std::vector<int8_t> vt;          // (n_kv_heads, head_dim, ctx): V transposed per head
+    std::vector<float> v_scale;      // (n_kv_heads, ctx)
   };
   // Layer l, first() <= l < end(). For the forward pass.
   Layer& layer(int l);
@@ -259,8 +264,8 @@ Result<std::vector<std::pair<int, int>>> StageRanges(int n_layers, std::span<con
 // equivalence tests. Not thread-safe; move-only.
 class LocalPipeline {
  public:
-  static Result<LocalPipeline> Load(ModelSource& source, const ModelInfo& info,
-                                    std::span<const int> layer_counts, int ctx, const ProgressFn& progress = {});
+  static Result<LocalPipeline> Load(ModelSource& source, const ModelInfo& info, std::span<const int> layer_counts,
+                                    int ctx, const ProgressFn& progress = {});
   static Result<LocalPipeline> FromTensors(const ModelSpec& spec, const HostTensors& tensors,
                                            std::span<const int> layer_counts, int ctx);
   LocalPipeline(LocalPipeline&&) noexcept = default;

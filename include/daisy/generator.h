@@ -28,12 +28,12 @@ enum class FinishReason : uint8_t { kStop, kLength };
 std::string_view FinishReasonName(FinishReason reason);  // "stop" | "length"
 
 struct GenerateResult {
-  std::vector<int32_t> ids;         // generated ids; a stop id is not included
+  std::vector<int32_t> ids;  // generated ids; a stop id is not included
   FinishReason finish_reason = FinishReason::kLength;
-  std::optional<int32_t> stop_id;   // the id that stopped it (finish_reason kStop)
+  std::optional<int32_t> stop_id;  // the id that stopped it (finish_reason kStop)
   int prefill_tokens = 0;
   double prefill_seconds = 0;
-  int decode_steps = 0;             // forward steps after the prefill (one token each)
+  int decode_steps = 0;  // forward steps after the prefill (one token each)
   double decode_seconds = 0;
 };
 

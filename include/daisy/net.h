@@ -52,7 +52,7 @@ struct RendezvousOptions {
   std::string host = "127.0.0.1";
   int port = 8788;
   bool auto_approve = false;
-  double dead_after_s = 3.0;  // a member silent this long is dropped (heartbeats: 1/s)
+  double dead_after_s = 4.0;  // a member silent this long is dropped (heartbeats: 1/s)
 };
 
 struct MemberInfo {

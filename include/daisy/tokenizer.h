@@ -73,4 +73,29 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The text of a growing sequence of ids, as it can be shown. Decodes the whole sequence
+// each time (decoders strip or merge across token boundaries, so pieces alone are not the
+// text) and hands out only what is new and stable: nothing while a multi-byte character
+// is incomplete (byte fallback shows U+FFFD until its last byte), nothing while a decoder
+// is rewriting earlier text. Not thread-safe; holds a reference to the tokenizer.
+class TextStream {
+ public:
+  // `context`: ids already shown (usually the prompt); the stream starts after them.
+  TextStream(const Tokenizer& tokenizer, std::vector<int32_t> context);
+  // Adds one id; returns the text that became stable (often empty).
+  std::string Add(int32_t id);
+  // Returns whatever is left to show.
+  std::string Finish();
+  // The context's own text, and the text after it.
+  const std::string& context_text() const { return context_text_; }
+  std::string Completion() const;
+
+ private:
+  const Tokenizer& tok_;
+  std::vector<int32_t> ids_;
+  size_t context_len_ = 0;
+  std::string context_text_;
+  std::string shown_;  // context_text_'s stable prefix + everything handed out
+};
+
 }  // namespace daisy

@@ -27,8 +27,12 @@ std::string Env(const char* name, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
-std::string Binary() { return Env("DAISY_BIN_DIR", DAISY_BIN_DIR_DEFAULT) + "/apps/cli/daisychain"; }
-std::string Stories() { return Env("DAISY_MODELS", DAISY_MODELS_DEFAULT) + "/stories260K"; }
+std::string Binary() {
+  return Env("DAISY_BIN_DIR", DAISY_BIN_DIR_DEFAULT) + "/apps/cli/daisychain";
+}
+std::string Stories() {
+  return Env("DAISY_MODELS", DAISY_MODELS_DEFAULT) + "/stories260K";
+}
 
 struct Output {
   int exit_code = -1;
@@ -58,8 +62,8 @@ class Cli : public ::testing::Test {
 };
 
 TEST_F(Cli, GenerateJsonTellsAStory) {
-  const Output r = RunCommand(Binary() + " generate --model " + Stories() +
-                              " --prompt \"Once upon a time\" -n 60 --json");
+  const Output r =
+      RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Once upon a time\" -n 60 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["prompt_ids"], nlohmann::json({1, 403, 407, 261, 378}));
@@ -75,8 +79,7 @@ TEST_F(Cli, GenerateJsonTellsAStory) {
   // A story: many words of letters, sentences ending with a period.
   std::istringstream words(text);
   int n_words = 0, alpha_words = 0;
-  for (std::string w; words >> w; ++n_words)
-    alpha_words += std::isalpha(static_cast<unsigned char>(w[0])) != 0;
+  for (std::string w; words >> w; ++n_words) alpha_words += std::isalpha(static_cast<unsigned char>(w[0])) != 0;
   EXPECT_GE(n_words, 30) << text;
   EXPECT_GE(alpha_words, n_words * 9 / 10) << text;
   EXPECT_NE(text.find(". "), std::string::npos) << text;
@@ -85,14 +88,16 @@ TEST_F(Cli, GenerateJsonTellsAStory) {
 
 TEST_F(Cli, GenerateStreamsTheSameText) {
   const Output js = RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Lily and Ben\" -n 40 --json");
-  const Output plain = RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Lily and Ben\" -n 40 2>/dev/null");
+  const Output plain =
+      RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Lily and Ben\" -n 40 2>/dev/null");
   ASSERT_EQ(js.exit_code, 0);
   ASSERT_EQ(plain.exit_code, 0);
   EXPECT_EQ(plain.out, nlohmann::json::parse(js.out)["text"].get<std::string>() + "\n");
 }
 
 TEST_F(Cli, GenerateStopsOnAStopId) {
-  const Output a = RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Once upon a time\" -n 20 --json");
+  const Output a =
+      RunCommand(Binary() + " generate --model " + Stories() + " --prompt \"Once upon a time\" -n 20 --json");
   ASSERT_EQ(a.exit_code, 0);
   const auto ids = nlohmann::json::parse(a.out)["ids"].get<std::vector<int>>();
   const Output b = RunCommand(Binary() + " generate --model " + Stories() +

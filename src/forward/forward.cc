@@ -1,11 +1,12 @@
 // The forward pass: Embed -> RunLayers -> Readout, the KV cache and the in-process stages.
 // Reads top to bottom like the model; every product is a verified INT8 unit, every f32 op
 // is in ops.h with a fixed evaluation order.
+#include "daisy/forward.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "daisy/forward.h"
 #include "ops.h"
 
 namespace daisy {
@@ -35,8 +36,7 @@ Status CheckFinite(const HiddenStates& h, const std::string& where) {
                   ": non-finite hidden state; refused");
 }
 
-void Norm(const ModelSpec& spec, const float* x, const std::vector<float>& w, const std::vector<float>& b,
-          float* out) {
+void Norm(const ModelSpec& spec, const float* x, const std::vector<float>& w, const std::vector<float>& b, float* out) {
   if (spec.norm == NormType::kLayerNorm)
     ops::LayerNorm(x, w.data(), b.data(), spec.hidden, spec.norm_eps, out);
   else
@@ -49,18 +49,18 @@ constexpr int kQueryBlock = 128;
 // Causal attention of one layer for the batch, reading keys and values from the cache
 // (which already holds this batch's). q (n, n_heads * head_dim) after RoPE; att the same.
 // See docs/KERNELS.md "Attention and the KV cache" for why each step is batch-independent.
-Status Attention(const ModelSpec& spec, const LayerWeights& L, const KvCache::Layer& cache, int ctx,
+Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::Layer& cache, int ctx,
                  const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att) {
   const int n = static_cast<int>(positions.size());
   const int hd = spec.head_dim;
   const int group = spec.n_heads / spec.n_kv_heads;
-  const int window = L.sliding_window ? spec.sliding_window : 0;
+  const int window = lw.sliding_window ? spec.sliding_window : 0;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   // Keys visible to the query at position p: [first_key(p), p].
   auto first_key = [&](int p) { return window > 0 ? std::max(0, p - window + 1) : 0; };
 
   std::vector<int8_t> qq, pq;
-  std::vector<float> qs, scores, ps, out;
+  std::vector<float> qs, scores, scores_res, ps, out;
   for (int b0 = 0; b0 < n; b0 += kQueryBlock) {
     const int bn = std::min(kQueryBlock, n - b0);
     const int rows = bn * group;
@@ -69,6 +69,7 @@ Status Attention(const ModelSpec& spec, const LayerWeights& L, const KvCache::La
     qq.resize(static_cast<size_t>(rows) * hd);
     qs.resize(static_cast<size_t>(rows));
     scores.resize(static_cast<size_t>(rows) * nk);
+    scores_res.resize(static_cast<size_t>(rows) * nk);
     pq.resize(static_cast<size_t>(rows) * nk);
     ps.resize(static_cast<size_t>(rows));
     out.resize(static_cast<size_t>(rows) * hd);
@@ -77,40 +78,50 @@ Status Attention(const ModelSpec& spec, const LayerWeights& L, const KvCache::La
       for (int i = 0; i < bn; ++i)
         for (int j = 0; j < group; ++j) {
           const int r = i * group + j;
-          const float* qrow = q + static_cast<size_t>(b0 + i) * q_stride + static_cast<size_t>((g * group + j) * hd);
+          const float* qrow = q + static_cast<size_t>(b0 + i) * q_stride + static_cast<size_t>(g * group + j) * hd;
           if (!kernels::QuantizeRow(qrow, hd, &qq[static_cast<size_t>(r) * hd], &qs[static_cast<size_t>(r)]))
-            return DataLoss(At(L.layer, positions[static_cast<size_t>(b0 + i)]) + ": non-finite query; refused");
+            return DataLoss(At(lw.layer, positions[static_cast<size_t>(b0) + static_cast<size_t>(i)]) +
+                            ": non-finite query; refused");
         }
-      // scores = Q . K^T over keys [k0, k0 + nk), K int8 with its per-position scales
+      // scores = Q . K^T over keys [k0, k0 + nk) as two products with the same Q row: the
+      // keys' first int8 terms and their residual terms, each with its per-position scales
       const size_t kbase = static_cast<size_t>(g) * static_cast<size_t>(ctx) + static_cast<size_t>(k0);
       const QMatrixView kview{cache.k.data() + kbase * hd, cache.k_scale.data() + kbase, nullptr, nk, hd,
                               static_cast<size_t>(hd)};
+      const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, nk, hd,
+                                  static_cast<size_t>(hd)};
       kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kview, scores.data(),
+                       static_cast<size_t>(nk));
+      kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
                        static_cast<size_t>(nk));
       // softmax over the visible keys in f32, in key order; fold V's scales into p
       const float* vscale = cache.v_scale.data() + kbase;
       for (int r = 0; r < rows; ++r) {
-        const int p = positions[static_cast<size_t>(b0 + r / group)];
+        const int p = positions[static_cast<size_t>(b0) + static_cast<size_t>(r / group)];
         const int a = first_key(p) - k0;
         const int e = p + 1 - k0;
         float* s = &scores[static_cast<size_t>(r) * nk];
-        for (int t = a; t < e; ++t) s[t] = s[t] * scale;
+        const float* s_res = &scores_res[static_cast<size_t>(r) * nk];
+        for (int t = a; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
         ops::Softmax(s + a, e - a);
         for (int t = a; t < e; ++t) s[t] = s[t] * vscale[t];
         // Invisible keys get exactly 0: they add nothing to the int32 sums below.
         std::fill(s, s + a, 0.0f);
         std::fill(s + e, s + nk, 0.0f);
         if (!kernels::QuantizeRow(s, nk, &pq[static_cast<size_t>(r) * nk], &ps[static_cast<size_t>(r)]))
-          return DataLoss(At(L.layer, p) + ": non-finite attention scores; refused");
+          return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
       }
       // out = P' . V: V^T (head_dim, ctx) per kv head is the weight, k = the keys
       const QMatrixView vview{cache.vt.data() + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
-                              nullptr, nullptr, hd, nk, static_cast<size_t>(ctx)};
-      kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(),
-                       static_cast<size_t>(hd));
+                              nullptr,
+                              nullptr,
+                              hd,
+                              nk,
+                              static_cast<size_t>(ctx)};
+      kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(), static_cast<size_t>(hd));
       for (int i = 0; i < bn; ++i)
         for (int j = 0; j < group; ++j)
-          std::memcpy(att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>((g * group + j) * hd),
+          std::memcpy(att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>(g * group + j) * hd,
                       &out[static_cast<size_t>(i * group + j) * hd], sizeof(float) * static_cast<size_t>(hd));
     }
   }
@@ -121,26 +132,26 @@ Status Attention(const ModelSpec& spec, const LayerWeights& L, const KvCache::La
 Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, const std::vector<float>& cos,
                 const std::vector<float>& sin) {
   const ModelSpec& s = w.spec();
-  const LayerWeights& L = w.layer(l);
+  const LayerWeights& lw = w.layer(l);
   KvCache::Layer& cache = kv.layer(l);
   const int n = h.n_tokens();
-  const int H = s.hidden, hd = s.head_dim, half = hd / 2, ctx = kv.ctx();
+  const int dim = s.hidden, hd = s.head_dim, half = hd / 2, ctx = kv.ctx();
   const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim;
   const int ffn = s.intermediate;
   const auto& pos = h.positions;
   float* x = h.values.data();
 
-  std::vector<float> xb(static_cast<size_t>(n) * H);
+  std::vector<float> xb(static_cast<size_t>(n) * dim);
   std::vector<float> qkv(static_cast<size_t>(n) * qkv_dim);
   std::vector<float> att(static_cast<size_t>(n) * q_dim);
-  std::vector<float> o(static_cast<size_t>(n) * H);
+  std::vector<float> o(static_cast<size_t>(n) * dim);
 
   // attention norm
   for (int i = 0; i < n; ++i)
-    Norm(s, x + static_cast<size_t>(i) * H, L.attn_norm, L.attn_norm_bias, &xb[static_cast<size_t>(i) * H]);
+    Norm(s, x + static_cast<size_t>(i) * dim, lw.attn_norm, lw.attn_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // q, k, v projections (one product)
-  if (!kernels::MatMul(xb.data(), n, L.qkv.View(), qkv.data()))
-    return NonFiniteInput("attention input", xb.data(), H, l, pos);
+  if (!kernels::MatMul(xb.data(), n, lw.qkv.View(), qkv.data()))
+    return NonFiniteInput("attention input", xb.data(), dim, l, pos);
   // RoPE on q and k
   if (!s.learned_positions) {
     for (int i = 0; i < n; ++i) {
@@ -150,37 +161,46 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
       for (int hh = 0; hh < s.n_heads + s.n_kv_heads; ++hh) ops::Rope(row + hh * hd, hd, c, sn);
     }
   }
-  // k and v enter the cache: int8, one scale per (position, kv head), v transposed
+  // k and v enter the cache, per (position, kv head): k as two int8 terms (the second
+  // quantizes the first's residual, computed in f32 element by element), v as one, transposed
   std::vector<int8_t> vq(static_cast<size_t>(hd));
+  std::vector<float> kr(static_cast<size_t>(hd));
   for (int i = 0; i < n; ++i) {
     const int p = pos[static_cast<size_t>(i)];
     const float* krow = &qkv[static_cast<size_t>(i) * qkv_dim + q_dim];
     const float* vrow = krow + kv_dim;
     for (int g = 0; g < s.n_kv_heads; ++g) {
       const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
-      if (!kernels::QuantizeRow(krow + g * hd, hd, &cache.k[slot * hd], &cache.k_scale[slot]))
+      const float* key = krow + g * hd;
+      int8_t* k1 = &cache.k[slot * hd];
+      if (!kernels::QuantizeRow(key, hd, k1, &cache.k_scale[slot]))
+        return DataLoss(At(l, p) + ": non-finite key; refused");
+      const float k1_scale = cache.k_scale[slot];
+      for (int d = 0; d < hd; ++d) kr[static_cast<size_t>(d)] = key[d] - static_cast<float>(k1[d]) * k1_scale;
+      if (!kernels::QuantizeRow(kr.data(), hd, &cache.k_res[slot * hd], &cache.k_res_scale[slot]))
         return DataLoss(At(l, p) + ": non-finite key; refused");
       if (!kernels::QuantizeRow(vrow + g * hd, hd, vq.data(), &cache.v_scale[slot]))
         return DataLoss(At(l, p) + ": non-finite value; refused");
       for (int d = 0; d < hd; ++d)
-        cache.vt[(static_cast<size_t>(g) * hd + static_cast<size_t>(d)) * ctx + static_cast<size_t>(p)] = vq[static_cast<size_t>(d)];
+        cache.vt[(static_cast<size_t>(g) * hd + static_cast<size_t>(d)) * ctx + static_cast<size_t>(p)] =
+            vq[static_cast<size_t>(d)];
     }
   }
   // attention (causal; sliding window where the layer has one)
-  DAISY_RETURN_IF_ERROR(Attention(s, L, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
+  DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   // output projection
-  if (!kernels::MatMul(att.data(), n, L.o.View(), o.data()))
+  if (!kernels::MatMul(att.data(), n, lw.o.View(), o.data()))
     return NonFiniteInput("attention output", att.data(), q_dim, l, pos);
   // residual
   for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
   // MLP norm
   for (int i = 0; i < n; ++i)
-    Norm(s, x + static_cast<size_t>(i) * H, L.mlp_norm, L.mlp_norm_bias, &xb[static_cast<size_t>(i) * H]);
+    Norm(s, x + static_cast<size_t>(i) * dim, lw.mlp_norm, lw.mlp_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // gate | up projections (one product)
-  const int gu = L.gate_up.n;
+  const int gu = lw.gate_up.n;
   std::vector<float> hb(static_cast<size_t>(n) * gu);
-  if (!kernels::MatMul(xb.data(), n, L.gate_up.View(), hb.data()))
-    return NonFiniteInput("MLP input", xb.data(), H, l, pos);
+  if (!kernels::MatMul(xb.data(), n, lw.gate_up.View(), hb.data()))
+    return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
   // SwiGLU: silu(gate) * up | GELU (tanh approximation)
   std::vector<float> act(static_cast<size_t>(n) * ffn);
   for (int i = 0; i < n; ++i) {
@@ -188,13 +208,14 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     float* a = &act[static_cast<size_t>(i) * ffn];
     if (s.gated_mlp) {
       const float* u = g + ffn;
-      for (int j = 0; j < ffn; ++j) a[j] = (s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j])) * u[j];
+      for (int j = 0; j < ffn; ++j)
+        a[j] = (s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j])) * u[j];
     } else {
       for (int j = 0; j < ffn; ++j) a[j] = s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j]);
     }
   }
   // down projection
-  if (!kernels::MatMul(act.data(), n, L.down.View(), o.data()))
+  if (!kernels::MatMul(act.data(), n, lw.down.View(), o.data()))
     return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
   // residual
   for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
@@ -223,11 +244,11 @@ Result<std::vector<float>> ReadoutRows(const StageWeights& w, const HiddenStates
   const ModelSpec& s = w.spec();
   const HeadWeights& head = w.head();
   const int m = h.n_tokens() - begin;
-  const int H = s.hidden;
+  const int dim = s.hidden;
   // final norm
-  std::vector<float> xb(static_cast<size_t>(m) * H);
+  std::vector<float> xb(static_cast<size_t>(m) * dim);
   for (int i = 0; i < m; ++i)
-    Norm(s, h.Row(begin + i).data(), head.final_norm, head.final_norm_bias, &xb[static_cast<size_t>(i) * H]);
+    Norm(s, h.Row(begin + i).data(), head.final_norm, head.final_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // LM head
   std::vector<float> logits(static_cast<size_t>(m) * head.lm_head.n);
   if (!kernels::MatMul(xb.data(), m, head.lm_head.View(), logits.data()))
@@ -256,6 +277,8 @@ KvCache::KvCache(const ModelSpec& spec, int first, int end, int ctx) : first_(fi
   for (Layer& l : layers_) {
     l.k.assign(slots * static_cast<size_t>(spec.head_dim), 0);
     l.k_scale.assign(slots, 0.0f);
+    l.k_res.assign(slots * static_cast<size_t>(spec.head_dim), 0);
+    l.k_res_scale.assign(slots, 0.0f);
     l.vt.assign(slots * static_cast<size_t>(spec.head_dim), 0);
     l.v_scale.assign(slots, 0.0f);
   }
@@ -283,7 +306,8 @@ void KvCache::set_length(int n) {
 
 size_t KvCache::Bytes() const {
   size_t b = 0;
-  for (const Layer& l : layers_) b += l.k.size() + l.vt.size() + 4 * (l.k_scale.size() + l.v_scale.size());
+  for (const Layer& l : layers_)
+    b += l.k.size() + l.k_res.size() + l.vt.size() + 4 * (l.k_scale.size() + l.k_res_scale.size() + l.v_scale.size());
   return b;
 }
 
@@ -461,13 +485,14 @@ Status LocalPipeline::Link(int ctx) {
   return Status::Ok();
 }
 
-Result<LocalPipeline> LocalPipeline::Load(ModelSource& source, const ModelInfo& info,
-                                          std::span<const int> layer_counts, int ctx, const ProgressFn& progress) {
+Result<LocalPipeline> LocalPipeline::Load(ModelSource& source, const ModelInfo& info, std::span<const int> layer_counts,
+                                          int ctx, const ProgressFn& progress) {
   DAISY_ASSIGN_OR_RETURN(auto ranges, StageRanges(info.spec.n_layers, layer_counts));
   DAISY_RETURN_IF_ERROR(CheckContext(info.spec, ctx));
   LocalPipeline p;
   for (size_t i = 0; i < ranges.size(); ++i) {
-    DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(source, info, ranges[i].first, ranges[i].second, i == 0, progress));
+    DAISY_ASSIGN_OR_RETURN(StageWeights w,
+                           StageWeights::Load(source, info, ranges[i].first, ranges[i].second, i == 0, progress));
     p.weights_.push_back(std::make_unique<StageWeights>(std::move(w)));
   }
   DAISY_RETURN_IF_ERROR(p.Link(ctx));
@@ -480,7 +505,8 @@ Result<LocalPipeline> LocalPipeline::FromTensors(const ModelSpec& spec, const Ho
   DAISY_RETURN_IF_ERROR(CheckContext(spec, ctx));
   LocalPipeline p;
   for (size_t i = 0; i < ranges.size(); ++i) {
-    DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::FromTensors(spec, tensors, ranges[i].first, ranges[i].second, i == 0));
+    DAISY_ASSIGN_OR_RETURN(StageWeights w,
+                           StageWeights::FromTensors(spec, tensors, ranges[i].first, ranges[i].second, i == 0));
     p.weights_.push_back(std::make_unique<StageWeights>(std::move(w)));
   }
   DAISY_RETURN_IF_ERROR(p.Link(ctx));

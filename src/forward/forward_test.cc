@@ -2,6 +2,8 @@
 // recomputation, chunked against one-shot prefill, splits against the unsplit run (with
 // two mutations that must be caught), the sliding window, biases, RoPE scaling, non-finite
 // refusal, and every SIMD backend against scalar. Everything compares bits.
+#include "daisy/forward.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,7 +11,6 @@
 #include <numeric>
 #include <set>
 
-#include "daisy/forward.h"
 #include "daisy/kernels.h"
 #include "test_models.h"
 
@@ -116,11 +117,42 @@ TEST(Forward, KvCacheCopyIsIndependent) {
   KvCache copy = kv.Copy();
   EXPECT_EQ(copy.length(), 6);
   EXPECT_EQ(copy.layer(1).k, kv.layer(1).k);
+  EXPECT_EQ(copy.layer(1).k_res, kv.layer(1).k_res);
+  EXPECT_EQ(copy.layer(1).k_res_scale, kv.layer(1).k_res_scale);
   EXPECT_EQ(copy.layer(1).v_scale, kv.layer(1).v_scale);
   auto h2 = Embed(w, Prompt(s, 3, 2), 6);
   ASSERT_TRUE(RunLayers(w, 0, 2, *h2, kv).ok());
   EXPECT_EQ(kv.length(), 9);
   EXPECT_EQ(copy.length(), 6);
+}
+
+// Keys enter the cache as two int8 terms: the residual term quantizes what the first leaves
+// over (at most half a step of k_scale per element), so its scale is at most k_scale / 254;
+// a key with a nonzero residual has a nonzero second term. Bytes() counts both.
+TEST(Forward, KeysEnterTheCacheAsTwoInt8Terms) {
+  const ModelSpec s = TinyLlamaSpec(2);
+  const StageWeights w = std::move(StageWeights::FromTensors(s, RandomTensors(s, 7), 0, 2, true)).value();
+  const int ctx = 64, n = 10;
+  KvCache kv(s, 0, 2, ctx);
+  auto h = Embed(w, Prompt(s, n, 1), 0);
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(RunLayers(w, 0, 2, *h, kv).ok());
+  int with_residual = 0;
+  for (int l = 0; l < 2; ++l) {
+    const KvCache::Layer& c = kv.layer(l);
+    for (int g = 0; g < s.n_kv_heads; ++g)
+      for (int p = 0; p < n; ++p) {
+        const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
+        ASSERT_GT(c.k_scale[slot], 0.0f);
+        EXPECT_LE(c.k_res_scale[slot], c.k_scale[slot] / 254.0f * 1.001f) << l << " " << g << " " << p;
+        with_residual += c.k_res_scale[slot] > 0.0f;
+      }
+    // positions not yet written stay zero
+    EXPECT_EQ(c.k_res_scale[static_cast<size_t>(n)], 0.0f);
+  }
+  EXPECT_GT(with_residual, n * s.n_kv_heads);  // most keys are not exact in one int8 term
+  const size_t per_slot = 3 * static_cast<size_t>(s.head_dim) + 3 * 4;  // k, k_res, v + three scales
+  EXPECT_EQ(kv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * per_slot);
 }
 
 // --- splits ---------------------------------------------------------------------------
@@ -338,7 +370,8 @@ TEST(Forward, EmbeddingLookupIsExact) {
   ASSERT_TRUE(h.ok());
   const auto& e = t.at("model.embed_tokens.weight").values;
   for (int i = 0; i < 3; ++i)
-    EXPECT_TRUE(SameBits(h->Row(i), std::span<const float>(e).subspan(static_cast<size_t>(ids[i]) * s.hidden, s.hidden)));
+    EXPECT_TRUE(
+        SameBits(h->Row(i), std::span<const float>(e).subspan(static_cast<size_t>(ids[i]) * s.hidden, s.hidden)));
   // BF16 and F16 sources are kept at 2 bytes and widen back exactly.
   std::vector<float> bf = {1.5f, -0.0078125f, 3.0f, 0.0f};
   EmbeddingTable tb = EmbeddingTable::FromF32(bf, 2, 2, DType::kBF16);
@@ -440,7 +473,8 @@ TEST_P(ForwardBackend, BitIdenticalToScalar) {
   for (const auto& st : kernels::BackendReport()) {
     if (st.backend != b) continue;
     if (!st.supported) GTEST_SKIP() << kernels::BackendName(b) << " not supported here: " << st.reason;
-    if (!st.gate_passed) GTEST_SKIP() << kernels::BackendName(b) << " failed its gate (kernels tests report it): " << st.reason;
+    if (!st.gate_passed)
+      GTEST_SKIP() << kernels::BackendName(b) << " failed its gate (kernels tests report it): " << st.reason;
   }
   const kernels::Backend before = kernels::ActiveBackend();
   for (const ModelSpec& s : {TinyLlamaSpec(3), TinyGpt2Spec(2)}) {

@@ -49,7 +49,9 @@ void RopeAngles(int position, const float* inv_freq, int half, float* cos, float
   }
 }
 
-float Silu(float x) { return x / (1.0f + detmath::Exp(-x)); }
+float Silu(float x) {
+  return x / (1.0f + detmath::Exp(-x));
+}
 
 float GeluNew(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;

@@ -21,7 +21,8 @@ TEST(Ops, RmsNormMatchesDoubleReference) {
   double ss = 0;
   for (float v : x) ss += static_cast<double>(v) * v;
   const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + 1e-5);
-  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(out[i], w[i] * x[i] * inv, 1e-6 * std::fabs(w[i] * x[i] * inv) + 1e-9);
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_NEAR(out[i], w[i] * x[i] * inv, 1e-6 * std::fabs(w[i] * x[i] * inv) + 1e-9);
 }
 
 TEST(Ops, LayerNormMatchesDoubleReference) {
@@ -131,9 +132,12 @@ TEST(Ops, Llama3RopeScalingFollowsHf) {
   const std::vector<float> unscaled = RopeInverseFrequencies(plain);
   for (size_t i = 0; i < inv.size(); ++i) {
     EXPECT_NEAR(inv[i], want[i], 1e-6 * want[i]) << i;
-    if (inv[i] == unscaled[i]) ++high;
-    else if (std::fabs(inv[i] * 32.0f - unscaled[i]) <= 1e-6f * unscaled[i]) ++low;
-    else ++medium;
+    if (inv[i] == unscaled[i])
+      ++high;
+    else if (std::fabs(inv[i] * 32.0f - unscaled[i]) <= 1e-6f * unscaled[i])
+      ++low;
+    else
+      ++medium;
   }
   // All three bands occur for these settings: kept, divided by the factor, smoothed.
   EXPECT_GT(high, 0);
@@ -146,7 +150,8 @@ TEST(Ops, ActivationsMatchDoubleReference) {
     const double silu = x / (1.0 + std::exp(-static_cast<double>(x)));
     EXPECT_NEAR(ops::Silu(x), silu, 1e-6 * std::fabs(silu) + 1e-7) << x;
     const double xd = x;
-    const double gelu = 0.5 * xd * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (xd + 0.044715 * xd * xd * xd)));
+    const double gelu =
+        0.5 * xd * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (xd + 0.044715 * xd * xd * xd)));
     EXPECT_NEAR(ops::GeluNew(x), gelu, 2e-6 * std::fabs(gelu) + 1e-7) << x;
   }
   // Far negative inputs give (signed) zero, never NaN.

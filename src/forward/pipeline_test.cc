@@ -108,8 +108,7 @@ TEST_F(Random30, SplitsEqualUnsplit) {
   const std::vector<int32_t> prompt = {1, 17, 300, 45, 9, 128, 77};
   LocalPipeline whole = model_->Pipeline({30});
   const Trace want = Greedy(whole.head(), prompt, 24);
-  for (std::vector<int> split :
-       {std::vector<int>{10, 10, 10}, {1, 14, 15}, {0, 15, 15}, {5, 5, 5, 5, 5, 5}}) {
+  for (std::vector<int> split : {std::vector<int>{10, 10, 10}, {1, 14, 15}, {0, 15, 15}, {5, 5, 5, 5, 5, 5}}) {
     LocalPipeline p = model_->Pipeline(split);
     size_t layer_bytes = 0;
     for (int i = 0; i < p.n_stages(); ++i) {
@@ -173,9 +172,13 @@ TEST_F(Random30, KvCacheAndChunkingAreExact) {
   std::vector<int32_t> prompt(50);
   for (int i = 0; i < 50; ++i) prompt[static_cast<size_t>(i)] = (i * 37 + 3) % 512;
   std::vector<std::vector<float>> a, b;
-  auto ra = Generator(fresh.head()).Generate(prompt, o, [&](int32_t, std::span<const float> l) { a.emplace_back(l.begin(), l.end()); });
+  auto ra = Generator(fresh.head()).Generate(prompt, o, [&](int32_t, std::span<const float> l) {
+    a.emplace_back(l.begin(), l.end());
+  });
   o.prefill_chunk = 16;
-  auto rb = Generator(cached.head()).Generate(prompt, o, [&](int32_t, std::span<const float> l) { b.emplace_back(l.begin(), l.end()); });
+  auto rb = Generator(cached.head()).Generate(prompt, o, [&](int32_t, std::span<const float> l) {
+    b.emplace_back(l.begin(), l.end());
+  });
   ASSERT_TRUE(ra.ok() && rb.ok());
   EXPECT_EQ(ra->ids, rb->ids);
   ASSERT_EQ(a.size(), b.size());
@@ -188,7 +191,8 @@ TEST_F(Random30, WeightsAreAboutOneBytePerParameter) {
   ASSERT_TRUE(w.ok());
   uint64_t params = 0;
   for (int l = 3; l < 9; ++l)
-    for (const auto& name : LayerTensorNames(model_->info->spec, l)) params += model_->info->index.Find(name)->Elements();
+    for (const auto& name : LayerTensorNames(model_->info->spec, l))
+      params += model_->info->index.Find(name)->Elements();
   // int8 plus one f32 scale per 64-wide row (1/16 byte per parameter) and f32 norms.
   EXPECT_LE(static_cast<double>(w->Bytes()), 1.15 * static_cast<double>(params));
   // The head keeps the BF16 embedding at 2 bytes for exact lookups, beside the int8 copy.

@@ -23,17 +23,16 @@
 namespace daisy {
 namespace {
 
-// Mean KL(p_f32 || p_engine) bound. The issue asked for 2e-3; the engine measures 2.2e-3.
-// Where it comes from (measured by simulating each quantization alone in an otherwise f32
-// attention): f32 attention gives 1.36e-3, the W8A8 emulation's 1.4e-3 in
-// reference/w8a8.json; the attention rule (Q, K, V per position and head, P' per row, all
-// int8 with head_dim 8) adds about 0.8e-3, K's quantization the largest share. The rule is
-// what makes the cache exact (docs/KERNELS.md), so the bound is set just above the
-// measurement; a real attention bug (a missing V scale, a RoPE slip) is orders larger.
-constexpr double kMaxMeanKl = 2.5e-3;
+// Mean KL(p_f32 || p_engine) bound: 2e-3 nats, as the issue asks. Measured: 1.475e-3 with
+// the two-term int8 keys (docs/KERNELS.md, "Attention and the KV cache"); 2.2e-3 with one
+// int8 term per key (head_dim 8 makes a per-vector int8 key coarse, and K was the largest
+// share of the attention rule's error); 1.36e-3 with f32 attention, close to the W8A8
+// emulation's 1.4e-3 in reference/w8a8.json. A real attention bug (a missing V scale, a
+// RoPE slip, a wrong residual scale) is orders larger; dropping the residual term fails it.
+constexpr double kMaxMeanKl = 2e-3;
 
 // The agreeing greedy prefix every prompt must reach (measured figures are printed).
-constexpr int kMinGreedyAgreement = 20;  // measured: 61, 57, 58, 28, 31
+constexpr int kMinGreedyAgreement = 20;  // measured: 61, 57, 113, 28, 58
 
 std::string ModelDir() {
   const char* m = std::getenv("DAISY_MODELS");
@@ -126,13 +125,14 @@ TEST_F(Stories, AgreesWithF32ReferenceLogits) {
     };
     const auto la = log_softmax(a), lb = log_softmax(b);
     double kl = 0;
-    for (int j = 0; j < V; ++j) kl += std::exp(la[static_cast<size_t>(j)]) * (la[static_cast<size_t>(j)] - lb[static_cast<size_t>(j)]);
+    for (int j = 0; j < V; ++j)
+      kl += std::exp(la[static_cast<size_t>(j)]) * (la[static_cast<size_t>(j)] - lb[static_cast<size_t>(j)]);
     kl_sum += kl;
     kl_max = std::max(kl_max, kl);
   }
   const double top1 = agree / 64.0, kl_mean = kl_sum / 64;
-  std::printf("stories260K vs f32 reference: top-1 agreement %d/64 (%.1f%%), mean KL %.3e nats, max KL %.3e\n",
-              agree, 100 * top1, kl_mean, kl_max);
+  std::printf("stories260K vs f32 reference: top-1 agreement %d/64 (%.1f%%), mean KL %.3e nats, max KL %.3e\n", agree,
+              100 * top1, kl_mean, kl_max);
   RecordProperty("top1_agreement", std::to_string(top1));
   RecordProperty("mean_kl", std::to_string(kl_mean));
   EXPECT_GE(top1, 0.98);
@@ -257,9 +257,11 @@ TEST_F(Stories, ChunkedPrefillEqualsOneShot) {
   std::vector<std::vector<float>> la, lb;
   GenerateOptions o;
   o.max_tokens = 30;
-  auto ga = Generator(a.head()).Generate(ids, o, [&](int32_t, std::span<const float> l) { la.emplace_back(l.begin(), l.end()); });
+  auto ga = Generator(a.head()).Generate(
+      ids, o, [&](int32_t, std::span<const float> l) { la.emplace_back(l.begin(), l.end()); });
   o.prefill_chunk = 16;
-  auto gb = Generator(b.head()).Generate(ids, o, [&](int32_t, std::span<const float> l) { lb.emplace_back(l.begin(), l.end()); });
+  auto gb = Generator(b.head()).Generate(
+      ids, o, [&](int32_t, std::span<const float> l) { lb.emplace_back(l.begin(), l.end()); });
   ASSERT_TRUE(ga.ok() && gb.ok());
   EXPECT_EQ(ga->ids, gb->ids);
   ASSERT_EQ(la.size(), lb.size());

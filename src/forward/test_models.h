@@ -95,7 +95,8 @@ inline HostTensors RandomTensors(const ModelSpec& s, uint64_t seed) {
   };
   // y = W x with W (out, in); Conv1D files store (in, out).
   auto mat = [&](const std::string& name, int64_t out, int64_t in) {
-    put(name, conv ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in}, 2.0f / std::sqrt(static_cast<float>(in)), 0.0f);
+    put(name, conv ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in},
+        2.0f / std::sqrt(static_cast<float>(in)), 0.0f);
   };
   const HeadNames h = NamesForHead(s);
   put(h.embed, {V, H}, 1.0f, 0.0f);

@@ -46,9 +46,28 @@ std::optional<uint16_t> F32ToF16Exact(float f) {
 
 // The tensors of a stage by what they are, not by their family-specific names.
 enum class Role : uint8_t {
-  kAttnNorm, kAttnNormBias, kQ, kK, kV, kQBias, kKBias, kVBias, kO, kOBias,
-  kMlpNorm, kMlpNormBias, kGate, kUp, kDown, kUpBias, kDownBias,
-  kEmbed, kPositions, kFinalNorm, kFinalNormBias, kLmHead,
+  kAttnNorm,
+  kAttnNormBias,
+  kQ,
+  kK,
+  kV,
+  kQBias,
+  kKBias,
+  kVBias,
+  kO,
+  kOBias,
+  kMlpNorm,
+  kMlpNormBias,
+  kGate,
+  kUp,
+  kDown,
+  kUpBias,
+  kDownBias,
+  kEmbed,
+  kPositions,
+  kFinalNorm,
+  kFinalNormBias,
+  kLmHead,
 };
 struct Slot {
   int layer = -1;  // -1: a head tensor
@@ -63,8 +82,8 @@ std::string ShapeString(std::span<const int64_t> shape) {
 
 Status CheckShape(std::string_view name, std::span<const int64_t> shape, std::vector<int64_t> want) {
   if (std::equal(shape.begin(), shape.end(), want.begin(), want.end())) return Status::Ok();
-  return InvalidArgument(std::string(name) + ": shape " + ShapeString(shape) + ", expected " +
-                         ShapeString(want) + " from config.json");
+  return InvalidArgument(std::string(name) + ": shape " + ShapeString(shape) + ", expected " + ShapeString(want) +
+                         " from config.json");
 }
 
 // Appends parts row-wise (per-channel quantization makes this the same as quantizing
@@ -137,8 +156,8 @@ void EmbeddingTable::Row(int r, float* out) const {
 }
 
 size_t LayerWeights::Bytes() const {
-  return 4 * (attn_norm.size() + attn_norm_bias.size() + mlp_norm.size() + mlp_norm_bias.size()) +
-         qkv.Bytes() + o.Bytes() + gate_up.Bytes() + down.Bytes();
+  return 4 * (attn_norm.size() + attn_norm_bias.size() + mlp_norm.size() + mlp_norm_bias.size()) + qkv.Bytes() +
+         o.Bytes() + gate_up.Bytes() + down.Bytes();
 }
 
 size_t HeadWeights::Bytes() const {
@@ -198,26 +217,36 @@ std::vector<float> RopeInverseFrequencies(const ModelSpec& spec) {
 class StageBuilder {
  public:
   StageBuilder(const ModelSpec& spec, int first, int end, bool with_head)
-      : spec_(spec), first_(first), end_(end), with_head_(with_head),
-        pending_(static_cast<size_t>(end - first)) {
+      : spec_(spec), first_(first), end_(end), with_head_(with_head), pending_(static_cast<size_t>(end - first)) {
     for (int l = first; l < end; ++l) {
       const LayerNames n = NamesForLayer(spec, l);
-      const std::pair<const std::string*, Role> roles[] = {
-          {&n.attn_norm, Role::kAttnNorm}, {&n.attn_norm_bias, Role::kAttnNormBias},
-          {&n.q, Role::kQ}, {&n.k, Role::kK}, {&n.v, Role::kV},
-          {&n.q_bias, Role::kQBias}, {&n.k_bias, Role::kKBias}, {&n.v_bias, Role::kVBias},
-          {&n.o, Role::kO}, {&n.o_bias, Role::kOBias},
-          {&n.mlp_norm, Role::kMlpNorm}, {&n.mlp_norm_bias, Role::kMlpNormBias},
-          {&n.gate, Role::kGate}, {&n.up, Role::kUp}, {&n.down, Role::kDown},
-          {&n.up_bias, Role::kUpBias}, {&n.down_bias, Role::kDownBias}};
+      const std::pair<const std::string*, Role> roles[] = {{&n.attn_norm, Role::kAttnNorm},
+                                                           {&n.attn_norm_bias, Role::kAttnNormBias},
+                                                           {&n.q, Role::kQ},
+                                                           {&n.k, Role::kK},
+                                                           {&n.v, Role::kV},
+                                                           {&n.q_bias, Role::kQBias},
+                                                           {&n.k_bias, Role::kKBias},
+                                                           {&n.v_bias, Role::kVBias},
+                                                           {&n.o, Role::kO},
+                                                           {&n.o_bias, Role::kOBias},
+                                                           {&n.mlp_norm, Role::kMlpNorm},
+                                                           {&n.mlp_norm_bias, Role::kMlpNormBias},
+                                                           {&n.gate, Role::kGate},
+                                                           {&n.up, Role::kUp},
+                                                           {&n.down, Role::kDown},
+                                                           {&n.up_bias, Role::kUpBias},
+                                                           {&n.down_bias, Role::kDownBias}};
       for (const auto& [name, role] : roles)
         if (!name->empty()) slots_[*name] = Slot{l, role};
     }
     if (with_head) {
       const HeadNames h = NamesForHead(spec);
-      const std::pair<const std::string*, Role> roles[] = {
-          {&h.embed, Role::kEmbed}, {&h.positions, Role::kPositions}, {&h.final_norm, Role::kFinalNorm},
-          {&h.final_norm_bias, Role::kFinalNormBias}, {&h.lm_head, Role::kLmHead}};
+      const std::pair<const std::string*, Role> roles[] = {{&h.embed, Role::kEmbed},
+                                                           {&h.positions, Role::kPositions},
+                                                           {&h.final_norm, Role::kFinalNorm},
+                                                           {&h.final_norm_bias, Role::kFinalNormBias},
+                                                           {&h.lm_head, Role::kLmHead}};
       for (const auto& [name, role] : roles)
         if (!name->empty()) slots_[*name] = Slot{-1, role};
     }
@@ -230,31 +259,49 @@ class StageBuilder {
                       std::to_string(first_) + ", " + std::to_string(end_) + ")");
     if (!seen_.insert(std::string(name)).second) return InvalidArgument(std::string(name) + ": delivered twice");
     const Slot slot = it->second;
-    const int64_t H = spec_.hidden, hd = spec_.head_dim, I = spec_.intermediate;
+    const int64_t dim = spec_.hidden, hd = spec_.head_dim, ffn = spec_.intermediate;
     const int64_t q_rows = spec_.fused_qkv ? (spec_.n_heads + 2 * spec_.n_kv_heads) * hd : spec_.n_heads * hd;
     const int64_t kv_rows = spec_.n_kv_heads * hd;
     const int64_t o_cols = spec_.n_heads * hd;
     if (slot.layer < 0) return AddHead(name, slot.role, shape, dtype, v);
     Pending& p = pending_[static_cast<size_t>(slot.layer - first_)];
     switch (slot.role) {
-      case Role::kAttnNorm: return Vector(name, shape, v, H, p.attn_norm);
-      case Role::kAttnNormBias: return Vector(name, shape, v, H, p.attn_norm_bias);
-      case Role::kMlpNorm: return Vector(name, shape, v, H, p.mlp_norm);
-      case Role::kMlpNormBias: return Vector(name, shape, v, H, p.mlp_norm_bias);
-      case Role::kQBias: return Vector(name, shape, v, q_rows, p.q_bias);
-      case Role::kKBias: return Vector(name, shape, v, kv_rows, p.k_bias);
-      case Role::kVBias: return Vector(name, shape, v, kv_rows, p.v_bias);
-      case Role::kOBias: return Vector(name, shape, v, H, p.o_bias);
-      case Role::kUpBias: return Vector(name, shape, v, I, p.up_bias);
-      case Role::kDownBias: return Vector(name, shape, v, H, p.down_bias);
-      case Role::kQ: return Matrix(name, shape, v, q_rows, H, spec_.layout, p.q);
-      case Role::kK: return Matrix(name, shape, v, kv_rows, H, spec_.layout, p.k);
-      case Role::kV: return Matrix(name, shape, v, kv_rows, H, spec_.layout, p.v);
-      case Role::kO: return Matrix(name, shape, v, H, o_cols, spec_.layout, p.o);
-      case Role::kGate: return Matrix(name, shape, v, I, H, spec_.layout, p.gate);
-      case Role::kUp: return Matrix(name, shape, v, I, H, spec_.layout, p.up);
-      case Role::kDown: return Matrix(name, shape, v, H, I, spec_.layout, p.down);
-      default: break;
+      case Role::kAttnNorm:
+        return Vector(name, shape, v, dim, p.attn_norm);
+      case Role::kAttnNormBias:
+        return Vector(name, shape, v, dim, p.attn_norm_bias);
+      case Role::kMlpNorm:
+        return Vector(name, shape, v, dim, p.mlp_norm);
+      case Role::kMlpNormBias:
+        return Vector(name, shape, v, dim, p.mlp_norm_bias);
+      case Role::kQBias:
+        return Vector(name, shape, v, q_rows, p.q_bias);
+      case Role::kKBias:
+        return Vector(name, shape, v, kv_rows, p.k_bias);
+      case Role::kVBias:
+        return Vector(name, shape, v, kv_rows, p.v_bias);
+      case Role::kOBias:
+        return Vector(name, shape, v, dim, p.o_bias);
+      case Role::kUpBias:
+        return Vector(name, shape, v, ffn, p.up_bias);
+      case Role::kDownBias:
+        return Vector(name, shape, v, dim, p.down_bias);
+      case Role::kQ:
+        return Matrix(name, shape, v, q_rows, dim, spec_.layout, p.q);
+      case Role::kK:
+        return Matrix(name, shape, v, kv_rows, dim, spec_.layout, p.k);
+      case Role::kV:
+        return Matrix(name, shape, v, kv_rows, dim, spec_.layout, p.v);
+      case Role::kO:
+        return Matrix(name, shape, v, dim, o_cols, spec_.layout, p.o);
+      case Role::kGate:
+        return Matrix(name, shape, v, ffn, dim, spec_.layout, p.gate);
+      case Role::kUp:
+        return Matrix(name, shape, v, ffn, dim, spec_.layout, p.up);
+      case Role::kDown:
+        return Matrix(name, shape, v, dim, ffn, spec_.layout, p.down);
+      default:
+        break;
     }
     return Internal("Bug: head role on a layer tensor");
   }
@@ -351,18 +398,19 @@ class StageBuilder {
     std::vector<float> q_bias, k_bias, v_bias, o_bias, up_bias, down_bias;
   };
 
-  static Status Vector(std::string_view name, std::span<const int64_t> shape, std::span<const float> v,
-                       int64_t n, std::vector<float>& out) {
+  static Status Vector(std::string_view name, std::span<const int64_t> shape, std::span<const float> v, int64_t n,
+                       std::vector<float>& out) {
     DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {n}));
-    if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0) return InvalidArgument(std::string(name) + ": non-finite value");
+    if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0)
+      return InvalidArgument(std::string(name) + ": non-finite value");
     out.assign(v.begin(), v.end());
     return Status::Ok();
   }
 
   // A weight used as y = W x with W (rows, cols); stored (rows, cols) for nn.Linear or
   // (cols, rows) for Conv1D, which is transposed here, before quantizing.
-  static Status Matrix(std::string_view name, std::span<const int64_t> shape, std::span<const float> v,
-                       int64_t rows, int64_t cols, WeightLayout layout, std::optional<QuantizedMatrix>& out) {
+  static Status Matrix(std::string_view name, std::span<const int64_t> shape, std::span<const float> v, int64_t rows,
+                       int64_t cols, WeightLayout layout, std::optional<QuantizedMatrix>& out) {
     std::vector<float> transposed;
     if (layout == WeightLayout::kInOut) {
       DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {cols, rows}));
@@ -380,34 +428,40 @@ class StageBuilder {
 
   Status AddHead(std::string_view name, Role role, std::span<const int64_t> shape, DType dtype,
                  std::span<const float> v) {
-    const int64_t H = spec_.hidden, V = spec_.vocab;
+    const int64_t dim = spec_.hidden, vocab = spec_.vocab;
     switch (role) {
       case Role::kEmbed: {
-        DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {V, H}));
-        if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0) return InvalidArgument(std::string(name) + ": non-finite value");
+        DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {vocab, dim}));
+        if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0)
+          return InvalidArgument(std::string(name) + ": non-finite value");
         // Tied: the LM head multiplies by the int8 copy; the lookup reads exact rows.
         if (spec_.tied_embeddings) {
-          DAISY_ASSIGN_OR_RETURN(head_.lm_head, kernels::QuantizeMatrix(v, static_cast<int>(V), static_cast<int>(H), {}, name));
+          DAISY_ASSIGN_OR_RETURN(head_.lm_head,
+                                 kernels::QuantizeMatrix(v, static_cast<int>(vocab), static_cast<int>(dim), {}, name));
         }
-        head_.embed = EmbeddingTable::FromF32(v, static_cast<int>(V), static_cast<int>(H), dtype);
+        head_.embed = EmbeddingTable::FromF32(v, static_cast<int>(vocab), static_cast<int>(dim), dtype);
         return Status::Ok();
       }
       case Role::kPositions: {
-        DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {static_cast<int64_t>(spec_.max_positions), H}));
-        if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0) return InvalidArgument(std::string(name) + ": non-finite value");
+        DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {static_cast<int64_t>(spec_.max_positions), dim}));
+        if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0)
+          return InvalidArgument(std::string(name) + ": non-finite value");
         head_.positions.assign(v.begin(), v.end());
         return Status::Ok();
       }
-      case Role::kFinalNorm: return Vector(name, shape, v, H, head_.final_norm);
-      case Role::kFinalNormBias: return Vector(name, shape, v, H, head_.final_norm_bias);
+      case Role::kFinalNorm:
+        return Vector(name, shape, v, dim, head_.final_norm);
+      case Role::kFinalNormBias:
+        return Vector(name, shape, v, dim, head_.final_norm_bias);
       case Role::kLmHead: {
         // nn.Linear (vocab, hidden) in every family.
         std::optional<QuantizedMatrix> m;
-        DAISY_RETURN_IF_ERROR(Matrix(name, shape, v, V, H, WeightLayout::kOutIn, m));
+        DAISY_RETURN_IF_ERROR(Matrix(name, shape, v, vocab, dim, WeightLayout::kOutIn, m));
         head_.lm_head = std::move(*m);
         return Status::Ok();
       }
-      default: return Internal("Bug: layer role on a head tensor");
+      default:
+        return Internal("Bug: layer role on a head tensor");
     }
   }
 
@@ -431,22 +485,20 @@ Status CheckRange(const ModelSpec& spec, int first, int end) {
 
 }  // namespace
 
-Result<StageWeights> StageWeights::Load(ModelSource& source, const ModelInfo& info, int first, int end,
-                                        bool with_head, const ProgressFn& progress) {
+Result<StageWeights> StageWeights::Load(ModelSource& source, const ModelInfo& info, int first, int end, bool with_head,
+                                        const ProgressFn& progress) {
   DAISY_RETURN_IF_ERROR(CheckRange(info.spec, first, end));
   const std::vector<std::string> names = StageTensorNames(info.spec, first, end, with_head);
   StageBuilder builder(info.spec, first, end, with_head);
   DAISY_RETURN_IF_ERROR(FetchTensors(
       source, info.index, names,
-      [&](const TensorInfo& t, std::span<const float> values) {
-        return builder.Add(t.name, t.shape, t.dtype, values);
-      },
+      [&](const TensorInfo& t, std::span<const float> values) { return builder.Add(t.name, t.shape, t.dtype, values); },
       progress));
   return builder.Finish();
 }
 
-Result<StageWeights> StageWeights::FromTensors(const ModelSpec& spec, const HostTensors& tensors, int first,
-                                               int end, bool with_head) {
+Result<StageWeights> StageWeights::FromTensors(const ModelSpec& spec, const HostTensors& tensors, int first, int end,
+                                               bool with_head) {
   DAISY_RETURN_IF_ERROR(CheckRange(spec, first, end));
   StageBuilder builder(spec, first, end, with_head);
   for (const std::string& name : StageTensorNames(spec, first, end, with_head)) {
@@ -455,8 +507,8 @@ Result<StageWeights> StageWeights::FromTensors(const ModelSpec& spec, const Host
     int64_t elements = 1;
     for (int64_t d : it->second.shape) elements *= d;
     if (elements != static_cast<int64_t>(it->second.values.size()))
-      return InvalidArgument(name + ": " + std::to_string(it->second.values.size()) +
-                             " values for shape " + ShapeString(it->second.shape));
+      return InvalidArgument(name + ": " + std::to_string(it->second.values.size()) + " values for shape " +
+                             ShapeString(it->second.shape));
     DAISY_RETURN_IF_ERROR(builder.Add(name, it->second.shape, DType::kF32, it->second.values));
   }
   return builder.Finish();

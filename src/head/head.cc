@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "daisy/forward.h"
 #include "daisy/log.h"
@@ -86,14 +87,19 @@ class NetLink final : public StageLink {
     a.values = std::move(hidden.values);
     a.act_hash = wire::ActHash(a.values);
     Status sent = ep_.Send(stages_[1].address, wire::Message(a), 3000);
-    if (!sent.ok()) return Unavailable("stage 1 (" + stages_[1].device_id.substr(0, 8) + ") is unreachable: " + sent.message());
+    if (!sent.ok()) {
+      failed_device_ = stages_[1].device_id;
+      return Unavailable("stage 1 (" + stages_[1].device_id.substr(0, 8) + ") is unreachable: " + sent.message());
+    }
     hops_ += static_cast<int64_t>(stages_.size());
     ++laps_;
     while (Since(start) < lap_timeout_s_) {
       auto m = room_.Poll(50, hidden_);
       for (size_t i = 1; i < stages_.size(); ++i)
-        if (room_.seen_peers() && !room_.Has(stages_[i].device_id))
+        if (room_.seen_peers() && !room_.Has(stages_[i].device_id)) {
+          failed_device_ = stages_[i].device_id;
           return Unavailable("stage " + std::to_string(i) + " (" + stages_[i].device_id.substr(0, 8) + ") left the ring");
+        }
       if (std::string r = room_.TakeRefusal(); !r.empty()) return Unavailable("a returning activation was refused: " + r);
       if (!m) continue;
       if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) return Unavailable("a stage failed: " + e->message);
@@ -111,6 +117,8 @@ class NetLink final : public StageLink {
   }
 
   int64_t hops() const { return hops_; }
+  // The device that made the last lap fail, when it is known.
+  const std::string& failed_device() const { return failed_device_; }
   int64_t laps() const { return laps_; }
   double lap_seconds() const { return lap_seconds_; }
 
@@ -125,25 +133,7 @@ class NetLink final : public StageLink {
   int64_t hops_ = 0;
   int64_t laps_ = 0;
   double lap_seconds_ = 0;
-};
-
-// Streams text as ids arrive, holding back an incomplete UTF-8 sequence.
-class TextStream {
- public:
-  TextStream(const Tokenizer& tok, std::function<void(std::string_view)> out) : tok_(tok), out_(std::move(out)) {}
-  void Add(int32_t id) {
-    ids_.push_back(id);
-    std::string text = tok_.Decode(ids_, true);
-    if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
-    if (out_ && text.compare(0, printed_.size(), printed_) == 0) out_(std::string_view(text).substr(printed_.size()));
-    printed_ = std::move(text);
-  }
-
- private:
-  const Tokenizer& tok_;
-  std::function<void(std::string_view)> out_;
-  std::vector<int32_t> ids_;
-  std::string printed_;
+  std::string failed_device_;
 };
 
 class Head {
@@ -188,6 +178,7 @@ class Head {
       last_error = turn.message();
       Say("the turn failed: " + last_error);
     }
+    (void)ep_->Send(o_.rendezvous, wire::Message(wire::Bye{id_}), 300);  // leave the room now
     if (o_.verify) DAISY_RETURN_IF_ERROR(Verify(report, gen));
     return report;
   }
@@ -231,6 +222,10 @@ class Head {
     for (const auto& p : room_->peers()) {
       address_of[p.hello.device_id] = p.address;
       if (p.hello.device_id == id_ || !(p.hello.capabilities & wire::kCapCompute)) continue;
+      if (suspects_.count(p.hello.device_id)) {
+        Say("plan: left out " + p.hello.name + ": it failed during the last attempt");
+        continue;
+      }
       devices.push_back({p.hello.device_id, p.hello.name, p.hello.gemms_per_s, p.hello.free_memory, p.hello.probe_hash, p.hello.backend});
     }
     PlanOptions po;
@@ -276,7 +271,10 @@ class Head {
       a.stages = stages;
       a.your_stage = static_cast<int32_t>(i);
       daisy::Status sent = ep_->Send(stages[i].address, wire::Message(a), 3000);
-      if (!sent.ok()) return Unavailable("could not reach " + stages[i].device_id.substr(0, 8) + ": " + sent.message());
+      if (!sent.ok()) {
+        suspects_.insert(stages[i].device_id);
+        return Unavailable("could not reach " + stages[i].device_id.substr(0, 8) + ": " + sent.message());
+      }
     }
     // The head's own slice meanwhile.
     const auto& mine = plan.stages[0];
@@ -291,8 +289,10 @@ class Head {
     while (static_cast<size_t>(ready.size()) + 1 < stages.size()) {
       auto m = room_->Poll(100, 0);
       for (size_t i = 1; i < stages.size(); ++i)
-        if (!room_->Has(stages[i].device_id))
+        if (!room_->Has(stages[i].device_id)) {
+          suspects_.insert(stages[i].device_id);
           return Unavailable("stage " + std::to_string(i) + " (" + stages[i].device_id.substr(0, 8) + ") left before it was ready");
+        }
       if (Since(wait_start) > 1800) return Unavailable("stages were not ready after 30 minutes");
       if (!m) continue;
       if (auto* r = std::get_if<wire::Ready>(&*m)) ready[r->stage] = true;
@@ -303,11 +303,14 @@ class Head {
     NetLink link(*ep_, *room_, stages, static_cast<int32_t>(turn_), model_hash_, spec.hidden, o_.lap_timeout_s);
     HeadStage head(*head_weights_, ctx_, stages.size() > 1 ? &link : nullptr);
     Generator generator(head);
-    TextStream stream(*tokenizer_, o_.on_text);
+    TextStream stream(*tokenizer_, report.prompt_ids);
     std::vector<int32_t> ids;
+    auto show = [&](const std::string& piece) {
+      if (o_.on_text && !piece.empty()) o_.on_text(piece);
+    };
     auto on_token = [&](int32_t id, std::span<const float>) {
       ids.push_back(id);
-      stream.Add(id);
+      show(stream.Add(id));
       const int32_t pos = static_cast<int32_t>(report.prompt_ids.size() + ids.size() - 1);
       for (size_t i = 1; i < stages.size(); ++i)
         (void)ep_->Send(stages[i].address, wire::Message(wire::Token{static_cast<int32_t>(turn_), pos, id}), 500);
@@ -315,11 +318,15 @@ class Head {
     GenerateOptions g = gen;
     if (g.prefill_chunk == 0 && stages.size() > 1) g.prefill_chunk = 16;
     auto result = generator.Generate(report.prompt_ids, g, on_token);
-    if (!result.ok()) return result.status();  // Unavailable: a ring fault, replayed once by Run()
+    if (!result.ok()) {  // Unavailable: a ring fault, replayed once by Run() without that device
+      if (!link.failed_device().empty()) suspects_.insert(link.failed_device());
+      return result.status();
+    }
+    show(stream.Finish());
     for (size_t i = 1; i < stages.size(); ++i)
       (void)ep_->Send(stages[i].address, wire::Message(wire::Done{static_cast<int32_t>(turn_), result->finish_reason == FinishReason::kStop ? wire::FinishReason::kStop : wire::FinishReason::kLength}), 500);
     report.ids = result->ids;
-    report.text = tokenizer_->Decode(result->ids, true);
+    report.text = stream.Completion();
     report.finish_reason = std::string(FinishReasonName(result->finish_reason));
     report.prefill_seconds = result->prefill_seconds;
     report.decode_seconds = result->decode_seconds;
@@ -365,6 +372,7 @@ class Head {
   uint32_t model_hash_ = 0;
   uint64_t spec_hash_ = 0;
   uint32_t turn_ = 0;
+  std::set<std::string> suspects_;  // devices that failed an attempt: not planned again
 };
 
 }  // namespace

@@ -69,6 +69,12 @@ struct Rendezvous::Impl {
       }
       std::lock_guard<std::mutex> lock(mu);
       auto it = members.find(j->hello.device_id);
+      if (it != members.end() && it->second.info.room == j->room && it->second.info.address == j->address) {
+        // A member repeating its join (members do, every few seconds, so one dropped by
+        // mistake comes back): only a sign of life.
+        it->second.last_seen = now;
+        return;
+      }
       const bool known = it != members.end() && it->second.info.approved && it->second.info.room == j->room;
       Member m{{j->room, j->address, j->hello, options.auto_approve || known}, now};
       const bool is_new = it == members.end();

@@ -50,8 +50,10 @@ class Node {
     auto last_join = last_beat;
     while (!(o_.stop && o_.stop->load())) {
       const auto now = Clock::now();
-      // Join until the rendezvous answers with a peer list; heartbeats always.
-      if (!joined_ && now - last_join > std::chrono::seconds(2)) {
+      // Join until the rendezvous answers with a peer list, then again every few seconds
+      // (a no-op for a known member) so a node dropped while busy comes back; heartbeats
+      // every second.
+      if (now - last_join > std::chrono::seconds(joined_ ? 5 : 2)) {
         (void)ep_->Send(o_.rendezvous, wire::Message(wire::Join{o_.room, ep_->address(), hello_}), 500);
         last_join = now;
       }
@@ -124,6 +126,8 @@ class Node {
       return InvalidArgument("the assignment's stage " + std::to_string(a.your_stage) + " is not this device");
     const bool same_model = slice_.info && slice_.model_id == a.model_id && slice_.revision == a.revision;
     if (!same_model) {
+      stream_.reset();  // it refers to the tokenizer about to go
+      printed_seq_ = -1;
       slice_ = Slice{};
       HubOptions hub = o_.hub;
       std::string src = a.model_id;
@@ -212,7 +216,7 @@ class Node {
     out.values = std::move(h.values);
     out.act_hash = wire::ActHash(out.values);
     const std::string& to = last ? stages_[0].address : stages_[static_cast<size_t>(stage_) + 1].address;
-    Status sent = ep_->Send(to, wire::Message(out), 5000);
+    Status sent = ep_->Send(to, wire::Message(out), 1500);
     if (!sent.ok()) refuse("could not pass the activation on: " + sent.message());
   }
 
@@ -220,24 +224,23 @@ class Node {
     if (!o_.print_tokens) return;
     if (t.seq != printed_seq_) {
       printed_seq_ = t.seq;
-      stream_ids_.clear();
-      printed_.clear();
+      stream_.reset();
+      if (slice_.tokenizer) stream_ = std::make_unique<TextStream>(*slice_.tokenizer, std::vector<int32_t>{});
     }
-    stream_ids_.push_back(t.token_id);
-    if (!slice_.tokenizer) {
-      std::fprintf(stdout, "%d ", t.token_id);
+    if (stream_) {
+      const std::string piece = stream_->Add(t.token_id);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
     } else {
-      std::string text = slice_.tokenizer->Decode(stream_ids_, true);
-      // Hold back an incomplete UTF-8 sequence (shown as U+FFFD until its last byte).
-      if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
-      if (text.compare(0, printed_.size(), printed_) == 0) std::fputs(text.c_str() + printed_.size(), stdout);
-      printed_ = text;
+      std::fprintf(stdout, "%d ", t.token_id);
     }
     std::fflush(stdout);
   }
 
   void On(wire::Done& d) {
-    if (o_.print_tokens && d.seq == printed_seq_) std::fputs("\n", stdout);
+    if (o_.print_tokens && d.seq == printed_seq_) {
+      if (stream_) std::fputs(stream_->Finish().c_str(), stdout);
+      std::fputs("\n", stdout);
+    }
     std::fflush(stdout);
   }
   void On(wire::ErrorMsg& e) { LogWarning("node " + hello_.name + ": the head says: " + e.message); }
@@ -260,8 +263,7 @@ class Node {
   std::vector<wire::StageEntry> stages_;
   int32_t seq_ = -1;
   int32_t printed_seq_ = -1;
-  std::vector<int32_t> stream_ids_;
-  std::string printed_;
+  std::unique_ptr<TextStream> stream_;  // the token stream of the current turn, as text
 };
 
 }  // namespace

@@ -25,8 +25,9 @@ PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx) {
   uint64_t layer = MatrixBytes(q + 2 * kv, H) + MatrixBytes(H, q) + MatrixBytes((s.gated_mlp ? 2 : 1) * I, H) +
                    MatrixBytes(H, I) + 4 * 4 * H /* norms and their biases */;
   if (s.qkv_bias) layer += 4 * (q + 2 * kv);
-  // KV cache: int8 K and V plus one f32 scale per position and kv head each.
-  layer += static_cast<uint64_t>(ctx) * (2 * kv + 2 * 4 * static_cast<uint64_t>(s.n_kv_heads));
+  // KV cache, per position: K as two int8 terms (the second quantizes the first's residual)
+  // and V as one int8 term, each with one f32 scale per kv head.
+  layer += static_cast<uint64_t>(ctx) * (3 * kv + 3 * 4 * static_cast<uint64_t>(s.n_kv_heads));
   PlanModel m;
   m.n_layers = s.n_layers;
   m.layer_bytes = layer;

@@ -7,6 +7,7 @@
 namespace daisy::tok {
 
 void TokenTrie::Add(std::string_view s, int32_t index) {
+  if (!s.empty()) first_bytes_[static_cast<unsigned char>(s[0])] = true;
   int32_t node = 0;
   for (unsigned char c : s) {
     auto it = nodes_[static_cast<size_t>(node)].next.find(c);
@@ -131,6 +132,10 @@ void AddedVocabulary::FindMatches(std::string_view s, const TokenTrie& trie, con
   // Leftmost-longest, non-overlapping matches over the text (aho-corasick find_iter).
   size_t pos = 0;
   while (pos < s.size()) {
+    if (!trie.MayStartWith(static_cast<unsigned char>(s[pos]))) {
+      ++pos;
+      continue;
+    }
     size_t len = 0;
     int32_t e = trie.LongestAt(s, pos, &len);
     if (e < 0) {

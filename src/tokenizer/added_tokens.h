@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -29,6 +30,8 @@ class TokenTrie {
  public:
   void Add(std::string_view s, int32_t index);
   bool empty() const { return nodes_.size() <= 1; }
+  // False when no entry starts with byte b (a cheap filter before LongestAt).
+  bool MayStartWith(unsigned char b) const { return first_bytes_[b]; }
   // Index of the longest entry that is a prefix of text[pos..], -1 if none; *len its length.
   int32_t LongestAt(std::string_view text, size_t pos, size_t* len) const;
 
@@ -38,6 +41,7 @@ class TokenTrie {
     int32_t index = -1;
   };
   std::vector<Node> nodes_{Node{}};
+  std::array<bool, 256> first_bytes_{};
 };
 
 class AddedVocabulary {

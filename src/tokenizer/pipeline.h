@@ -77,7 +77,7 @@ class PostProcessor {
   virtual ~PostProcessor() = default;
   virtual void Process(std::vector<int32_t>& ids, bool add_special_tokens) const = 0;
 };
-// token_to_id resolves template special tokens that have no "ids".
+// TemplateProcessing takes the ids of its special tokens from its own "special_tokens".
 Result<std::unique_ptr<PostProcessor>> MakePostProcessor(const nlohmann::json& j);
 // transformers' LlamaTokenizerFast.update_post_processor: "[bos:0] $A:0 [eos:0]".
 std::unique_ptr<PostProcessor> MakeBosEosTemplate(std::vector<int32_t> prefix, std::vector<int32_t> suffix);

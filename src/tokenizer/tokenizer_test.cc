@@ -591,6 +591,53 @@ TEST(TokenizerRandomBytes, NeverCrashStories260K) {
   FuzzTokenizer(t, 1234, 50000, false);
 }
 
+// Every normalizer and the regex pre-tokenizers on random text, including unassigned code
+// points and noncharacters: a byte-level vocabulary of the 256 byte characters, so every
+// input encodes and decodes back to its normalized form.
+TEST(TokenizerRandomBytes, NeverCrashNormalizersAndRegexes) {
+  std::vector<std::string> vocab;
+  for (int b = 0; b < 256; ++b) {
+    // The GPT-2 byte characters, the same table the ByteLevel pre-tokenizer uses.
+    int n = 0;
+    uint32_t cp = 0;
+    for (int k = 0; k <= b; ++k) {
+      bool printable = (k >= 33 && k <= 126) || (k >= 161 && k <= 172) || (k >= 174 && k <= 255);
+      cp = printable ? static_cast<uint32_t>(k) : static_cast<uint32_t>(256 + n++);
+    }
+    std::string c;
+    tok::AppendUtf8(c, cp);
+    vocab.push_back(c);
+  }
+  json j = MakeBpe(vocab, json::array());
+  j["decoder"] = {{"type", "ByteLevel"}};
+  const json pre = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern",
+          {{"Regex",
+            "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+            "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "Digits"}, {"individual_digits", true}},
+        {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "first"}, {"split", true}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}}};
+  for (const char* form : {"NFC", "NFD", "NFKC", "NFKD"}) {
+    j["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers", {{{"type", form}}, {{"type", "Lowercase"}}, {{"type", "StripAccents"}}}}};
+    j["pre_tokenizer"] = pre;
+    Tokenizer t = Build(j);
+    std::mt19937_64 rng(99);
+    for (int i = 0; i < 2500; ++i) {
+      std::string s = RandomString(rng);
+      auto ids = t.Encode(s, true);
+      ASSERT_TRUE(ids.ok()) << form << ": " << ids.status().ToString();
+      (void)t.Decode(*ids, false);
+    }
+  }
+}
+
 TEST(TokenizerRandomBytes, NeverCrashGpt2) {
   Tokenizer t = LoadFolder(Env("DAISY_TESTDATA", "testdata") + "/tokenizers/gpt2");
   FuzzTokenizer(t, 5678, 50000, true);

@@ -1,0 +1,181 @@
+// A ring member in this process (RunNode on a thread) driven by a hand-written head over
+// real sockets on 127.0.0.1: assignment, ready, hops, and the hops it must refuse.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "daisy/forward.h"
+#include "daisy/model.h"
+#include "daisy/net.h"
+#include "daisy/node.h"
+
+namespace daisy {
+namespace {
+
+template <typename T>
+std::optional<T> Await(net::Endpoint& ep, int ms, std::string* error = nullptr) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < end) {
+    auto f = ep.Receive(50);
+    if (!f.ok() || !f->has_value()) continue;
+    auto m = wire::Decode(**f);
+    if (!m.ok()) continue;
+    if (auto* e = std::get_if<wire::ErrorMsg>(&*m); e && error) *error = e->message;
+    if (std::holds_alternative<T>(*m)) return std::get<T>(*m);
+  }
+  return std::nullopt;
+}
+
+class NodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/daisy_node_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    home_ = tmpl;
+    ::setenv("DAISY_HOME", home_.c_str(), 1);
+    net::RendezvousOptions ro;
+    ro.port = 0;
+    ro.auto_approve = true;
+    auto rv = net::Rendezvous::Start(ro);
+    ASSERT_TRUE(rv.ok());
+    rv_ = std::move(*rv);
+    options_.rendezvous = rv_->address();
+    options_.print_tokens = false;
+    options_.stop = &stop_;
+    options_.hub.use_cache = false;
+    thread_ = std::thread([this] { status_ = RunNode(options_); });
+    for (int i = 0; i < 100 && rv_->Members().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(rv_->Members().size(), 1u);
+    node_ = rv_->Members()[0];
+    auto ep = net::Endpoint::Bind("127.0.0.1", 0);
+    ASSERT_TRUE(ep.ok());
+    head_ = std::move(*ep);
+    model_dir_ = std::string(std::getenv("DAISY_MODELS")) + "/stories260K";
+    source_ = std::move(OpenLocalFolder(model_dir_).value());
+    info_ = std::make_unique<ModelInfo>(std::move(LoadModelInfo(*source_).value()));
+  }
+  void TearDown() override {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    EXPECT_TRUE(status_.ok()) << status_.message();
+    std::error_code ec;
+    std::filesystem::remove_all(home_, ec);
+  }
+
+  wire::Assignment MakeAssignment() {
+    wire::Assignment a;
+    a.turn = 1;
+    a.model_id = source_->ModelId();
+    a.revision = source_->Revision();
+    a.spec_hash = SpecHash(info_->spec);
+    a.model_hash = ModelHashOf(*source_, info_->index);
+    a.ctx = 64;
+    a.stages = {{"headheadheadhead", head_->address(), 0, 2}, {node_.hello.device_id, node_.address, 2, 5}};
+    a.your_stage = 1;
+    return a;
+  }
+
+  // Hidden states after layers [0, 2) for a short prompt, computed here.
+  HiddenStates Prefix() {
+    auto w = StageWeights::Load(*source_, *info_, 0, 2, true);
+    EXPECT_TRUE(w.ok());
+    std::vector<int32_t> ids = {1, 403, 407, 261, 378};
+    auto h = Embed(*w, ids, 0);
+    KvCache kv(info_->spec, 0, 2, 64);
+    EXPECT_TRUE(RunLayers(*w, 0, 2, *h, kv).ok());
+    return std::move(*h);
+  }
+
+  wire::Activation Hop(const HiddenStates& h, uint32_t model_hash) {
+    wire::Activation a;
+    a.seq = 1;
+    a.token_index = 0;
+    a.next = 1;
+    a.model_hash = model_hash;
+    a.values = h.values;
+    a.act_hash = wire::ActHash(a.values);
+    return a;
+  }
+
+  std::string home_, model_dir_;
+  std::unique_ptr<net::Rendezvous> rv_;
+  NodeOptions options_;
+  std::atomic<bool> stop_{false};
+  Status status_;
+  std::thread thread_;
+  net::MemberInfo node_;
+  std::unique_ptr<net::Endpoint> head_;
+  std::unique_ptr<ModelSource> source_;
+  std::unique_ptr<ModelInfo> info_;
+};
+
+TEST_F(NodeTest, ServesAHopBitIdenticalToRunningItsLayersLocally) {
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(MakeAssignment())).ok());
+  auto ready = Await<wire::Ready>(*head_, 5000);
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_EQ(ready->stage, 1);
+  HiddenStates h = Prefix();
+  const uint32_t mh = ModelHashOf(*source_, info_->index);
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(Hop(h, mh))).ok());
+  auto back = Await<wire::Activation>(*head_, 5000);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->next, wire::kNextReturn);
+  EXPECT_EQ(back->model_hash, mh);
+  // The same layers in this process.
+  auto w = StageWeights::Load(*source_, *info_, 2, 5, false);
+  KvCache kv(info_->spec, 2, 5, 64);
+  ASSERT_TRUE(RunLayers(*w, 2, 5, h, kv).ok());
+  ASSERT_EQ(back->values.size(), h.values.size());
+  EXPECT_EQ(0, std::memcmp(back->values.data(), h.values.data(), 4 * h.values.size()));
+}
+
+TEST_F(NodeTest, RefusesHopsOfAnotherModelAndDamagedPayloads) {
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(MakeAssignment())).ok());
+  ASSERT_TRUE(Await<wire::Ready>(*head_, 5000).has_value());
+  HiddenStates h = Prefix();
+  const uint32_t mh = ModelHashOf(*source_, info_->index);
+  std::string error;
+  // A hop of another model (a node still holding a previous model).
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(Hop(h, mh ^ 1))).ok());
+  EXPECT_FALSE(Await<wire::Activation>(*head_, 1500, &error).has_value());
+  EXPECT_NE(error.find("model_hash mismatch"), std::string::npos) << error;
+  // A payload damaged in transit: one bit.
+  auto bytes = wire::Encode(wire::Message(Hop(h, mh)));
+  bytes[24 + 4 * 77] ^= 1;
+  error.clear();
+  ASSERT_TRUE(head_->Send(node_.address, bytes).ok());
+  EXPECT_FALSE(Await<wire::Activation>(*head_, 1500, &error).has_value());
+  EXPECT_NE(error.find("act_hash mismatch"), std::string::npos) << error;
+  // A non-finite payload with a matching hash.
+  wire::Activation bad = Hop(h, mh);
+  bad.values[3] = INFINITY;
+  bad.act_hash = wire::ActHash(bad.values);
+  error.clear();
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(bad)).ok());
+  EXPECT_FALSE(Await<wire::Activation>(*head_, 1500, &error).has_value());
+  EXPECT_NE(error.find("non-finite"), std::string::npos) << error;
+  // The node is still fine: a good hop goes through.
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(Hop(h, mh))).ok());
+  EXPECT_TRUE(Await<wire::Activation>(*head_, 5000).has_value());
+}
+
+TEST_F(NodeTest, RefusesAnAssignmentWithACraftedRepoIdOrAGap) {
+  wire::Assignment crafted = MakeAssignment();
+  crafted.model_id = "a/b?x=1";
+  std::string error;
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(crafted)).ok());
+  EXPECT_FALSE(Await<wire::Ready>(*head_, 1500, &error).has_value());
+  // The node cannot know the head's address from a frame it refused, so it stays silent;
+  // what matters is that it did not fetch or get ready.
+  wire::Assignment wrong_stage = MakeAssignment();
+  wrong_stage.stages[1].device_id = "someoneelse00000";
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(wrong_stage)).ok());
+  EXPECT_FALSE(Await<wire::Ready>(*head_, 1500, &error).has_value());
+  EXPECT_NE(error.find("not this device"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace daisy
