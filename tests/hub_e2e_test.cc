@@ -139,7 +139,9 @@ TEST_F(HubE2E, InspectReadsOnlyConfigTokenizerAndHeaders) {
     const std::string file = reqs[i].path.substr(reqs[i].path.rfind('/') + 1);
     EXPECT_TRUE(allowed.count(file)) << reqs[i].path;
     // Every request after the first names the pinned commit, not "main".
-    if (i > 0) EXPECT_NE(reqs[i].path.find(TestHub::CommitFor("acme/stories")), std::string::npos) << reqs[i].path;
+    if (i > 0) {
+      EXPECT_NE(reqs[i].path.find(TestHub::CommitFor("acme/stories")), std::string::npos) << reqs[i].path;
+    }
     if (file == "model.safetensors") {
       EXPECT_FALSE(reqs[i].range.empty()) << "weights must be read by range";
       weight_file_bytes += RangeLength(reqs[i].range);

@@ -113,8 +113,8 @@ class RingTest : public ::testing::Test {
     return nlohmann::json::parse(r.out)["ids"].get<std::vector<int>>();
   }
   void ExpectVerifiedSplit(const std::string& model, const std::vector<std::string>& split, size_t stages,
-                           const std::vector<int>& want) {
-    std::vector<std::string> args = {"--model", model, "--prompt", "Once upon a time", "-n", "40", "--verify"};
+                           const std::vector<int>& want, const std::string& prompt = "Once upon a time") {
+    std::vector<std::string> args = {"--model", model, "--prompt", prompt, "-n", "40", "--verify"};
     for (const auto& s : split) args.push_back(s);
     auto [rc, j] = Run(args);
     ASSERT_EQ(rc, 0) << last_run_log_;
@@ -143,6 +143,11 @@ TEST_F(RingTest, SplitsOverTwoThreeAndSixDevicesGiveTheSingleDeviceIds) {
   ExpectVerifiedSplit(Stories(), {"--stages", "2"}, 2, stories);
   ExpectVerifiedSplit(Stories(), {"--stages", "3"}, 3, stories);
   ExpectVerifiedSplit(Stories(), {"--plan", "0,1,1,1,1,1"}, 6, stories);  // 5 layers: the head keeps none
+  // A prompt of several 16-position chunks: two are in the ring at once during prefill.
+  const std::string long_prompt =
+      "Lily and Ben went to the park. They saw a big tree with red apples. Ben wanted to climb the tree, "
+      "but Lily said it was too high. They asked their mom for help, and she";
+  ExpectVerifiedSplit(Stories(), {"--stages", "3"}, 3, GenerateIds(Stories(), long_prompt, 40), long_prompt);
   const std::string tiny = (models_ / "tiny30").string();
   const auto tiny_ids = GenerateIds(tiny, "Once upon a time", 40);
   ExpectVerifiedSplit(tiny, {"--stages", "2"}, 2, tiny_ids);

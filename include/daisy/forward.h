@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -216,6 +217,14 @@ class StageLink {
  public:
   virtual ~StageLink() = default;
   virtual Result<HiddenStates> Run(HiddenStates hidden) = 0;
+  // Pipelined use (prefill with several chunks in flight): Submit hands a batch over
+  // without waiting for it; Collect returns the results in submission order. The defaults
+  // run each batch at once in Submit; the ring's link overlaps them.
+  virtual Status Submit(HiddenStates hidden);
+  virtual Result<HiddenStates> Collect();
+
+ private:
+  std::deque<Result<HiddenStates>> done_;  // results of the default Submit
 };
 
 // A stage in this process: its own layers (with its own KV cache), then `next` (nullptr
@@ -247,8 +256,16 @@ class HeadStage {
   Result<std::vector<float>> Forward(std::span<const int32_t> tokens, int first_position);
   // The same, logits of every row (n_tokens, vocab).
   Result<std::vector<float>> ForwardAll(std::span<const int32_t> tokens, int first_position);
+  // A prompt from position 0 in chunks of `chunk` positions with up to `in_flight` chunks
+  // in the rest of the ring at once; the logits of the last position. The same bits as
+  // Forward over the same chunks one at a time.
+  Result<std::vector<float>> Prefill(std::span<const int32_t> tokens, int chunk, int in_flight);
 
  private:
+  // Embedding and the head's own layers.
+  Result<HiddenStates> Local(std::span<const int32_t> tokens, int first_position);
+  // Checks what came back from the rest of the ring.
+  Status CheckReturned(const HiddenStates& back, const std::vector<int32_t>& sent) const;
   Result<HiddenStates> Hidden(std::span<const int32_t> tokens, int first_position);
   const StageWeights& head_;
   KvCache kv_;

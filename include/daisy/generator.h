@@ -22,6 +22,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // spec.eos_ids plus the user's; a stop id ends the turn
   int prefill_chunk = 0;          // prompt positions per forward step; 0 = the whole prompt
+  int prefill_in_flight = 1;      // chunks in the rest of the ring at once (a ring overlaps them)
 };
 
 enum class FinishReason : uint8_t { kStop, kLength };

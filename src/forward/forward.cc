@@ -413,20 +413,71 @@ HeadStage::HeadStage(const StageWeights& head, int ctx, StageLink* rest)
   DAISY_CHECK(head.has_head() && head.first() == 0, "Bug: HeadStage needs the head's weights from layer 0");
 }
 
-Result<HiddenStates> HeadStage::Hidden(std::span<const int32_t> tokens, int first_position) {
+Status StageLink::Submit(HiddenStates hidden) {
+  done_.push_back(Run(std::move(hidden)));
+  return Status::Ok();
+}
+
+Result<HiddenStates> StageLink::Collect() {
+  if (done_.empty()) return Internal("Bug: Collect without a Submit");
+  Result<HiddenStates> r = std::move(done_.front());
+  done_.pop_front();
+  return r;
+}
+
+Result<HiddenStates> HeadStage::Local(std::span<const int32_t> tokens, int first_position) {
   // embedding
   DAISY_ASSIGN_OR_RETURN(HiddenStates h, Embed(head_, tokens, first_position));
   // the head's own layers
   DAISY_RETURN_IF_ERROR(RunLayers(head_, head_.first(), head_.end(), h, kv_));
+  return h;
+}
+
+Status HeadStage::CheckReturned(const HiddenStates& back, const std::vector<int32_t>& sent) const {
+  if (back.positions != sent || back.hidden != spec().hidden ||
+      back.values.size() != sent.size() * static_cast<size_t>(spec().hidden))
+    return DataLoss("the hidden states that came back do not match the positions sent");
+  return CheckFinite(back, "returned hidden states");
+}
+
+Result<HiddenStates> HeadStage::Hidden(std::span<const int32_t> tokens, int first_position) {
+  DAISY_ASSIGN_OR_RETURN(HiddenStates h, Local(tokens, first_position));
   if (rest_ == nullptr) return h;
   // the rest of the ring, back to the head
   const std::vector<int32_t> sent = h.positions;
   DAISY_ASSIGN_OR_RETURN(HiddenStates back, rest_->Run(std::move(h)));
-  if (back.positions != sent || back.hidden != spec().hidden ||
-      back.values.size() != sent.size() * static_cast<size_t>(spec().hidden))
-    return DataLoss("the hidden states that came back do not match the positions sent");
-  DAISY_RETURN_IF_ERROR(CheckFinite(back, "returned hidden states"));
+  DAISY_RETURN_IF_ERROR(CheckReturned(back, sent));
   return back;
+}
+
+Result<std::vector<float>> HeadStage::Prefill(std::span<const int32_t> tokens, int chunk, int in_flight) {
+  if (tokens.empty()) return InvalidArgument("the prompt has no tokens");
+  const int n = static_cast<int>(tokens.size());
+  if (chunk <= 0) chunk = n;
+  if (rest_ == nullptr || in_flight <= 1 || chunk >= n) {
+    std::vector<float> logits;
+    for (int at = 0; at < n; at += chunk) {
+      const int len = std::min(chunk, n - at);
+      DAISY_ASSIGN_OR_RETURN(logits, Forward(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), at));
+    }
+    return logits;
+  }
+  // Chunk k+1 runs the head's layers and enters the ring while chunk k is still in it; each
+  // stage sees the chunks in order, so its cache fills exactly as one at a time.
+  std::deque<std::vector<int32_t>> outstanding;
+  HiddenStates last;
+  for (int at = 0; at < n; at += chunk) {
+    const int len = std::min(chunk, n - at);
+    DAISY_ASSIGN_OR_RETURN(HiddenStates h, Local(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), at));
+    outstanding.push_back(h.positions);
+    DAISY_RETURN_IF_ERROR(rest_->Submit(std::move(h)));
+    while (static_cast<int>(outstanding.size()) >= in_flight || (at + len >= n && !outstanding.empty())) {
+      DAISY_ASSIGN_OR_RETURN(last, rest_->Collect());
+      DAISY_RETURN_IF_ERROR(CheckReturned(last, outstanding.front()));
+      outstanding.pop_front();
+    }
+  }
+  return Readout(head_, last);
 }
 
 Result<std::vector<float>> HeadStage::Forward(std::span<const int32_t> tokens, int first_position) {

@@ -31,11 +31,7 @@ Result<GenerateResult> Generator::Generate(std::span<const int32_t> prompt, cons
   // prefill: the prompt's keys enter the caches; the last position's logits come back
   auto t0 = std::chrono::steady_clock::now();
   const int chunk = options.prefill_chunk > 0 ? options.prefill_chunk : n_prompt;
-  std::vector<float> logits;
-  for (int at = 0; at < n_prompt; at += chunk) {
-    const int n = std::min(chunk, n_prompt - at);
-    DAISY_ASSIGN_OR_RETURN(logits, head_.Forward(prompt.subspan(static_cast<size_t>(at), static_cast<size_t>(n)), at));
-  }
+  DAISY_ASSIGN_OR_RETURN(std::vector<float> logits, head_.Prefill(prompt, chunk, options.prefill_in_flight));
   r.prefill_seconds = Seconds(t0);
   // decode: sample the token for position pos, then run it to get the next logits
   t0 = std::chrono::steady_clock::now();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -78,7 +79,12 @@ class NetLink final : public StageLink {
       : ep_(ep), room_(room), stages_(stages), seq_(seq), model_hash_(model_hash), hidden_(hidden), lap_timeout_s_(lap_timeout_s) {}
 
   Result<HiddenStates> Run(HiddenStates hidden) override {
-    const auto start = Clock::now();
+    DAISY_RETURN_IF_ERROR(Submit(std::move(hidden)));
+    return Collect();
+  }
+
+  // Sends one batch into the ring (stage 1) without waiting for it.
+  daisy::Status Submit(HiddenStates hidden) override {
     wire::Activation a;
     a.seq = seq_;
     a.token_index = hidden.positions.front();
@@ -86,13 +92,23 @@ class NetLink final : public StageLink {
     a.model_hash = model_hash_;
     a.values = std::move(hidden.values);
     a.act_hash = wire::ActHash(a.values);
-    Status sent = ep_.Send(stages_[1].address, wire::Message(a), 3000);
+    hidden.values.clear();
+    daisy::Status sent = ep_.Send(stages_[1].address, wire::Message(a), 3000);
     if (!sent.ok()) {
       failed_device_ = stages_[1].device_id;
       return Unavailable("stage 1 (" + stages_[1].device_id.substr(0, 8) + ") is unreachable: " + sent.message());
     }
     hops_ += static_cast<int64_t>(stages_.size());
     ++laps_;
+    pending_.push_back({std::move(hidden), Clock::now()});
+    return daisy::Status::Ok();
+  }
+
+  // Waits for the oldest batch to come back on the RETURN leg.
+  Result<HiddenStates> Collect() override {
+    if (pending_.empty()) return Internal("Bug: Collect without a Submit");
+    const auto start = pending_.front().sent;
+    const int32_t want = pending_.front().hidden.positions.front();
     while (Since(start) < lap_timeout_s_) {
       auto m = room_.Poll(50, hidden_);
       for (size_t i = 1; i < stages_.size(); ++i)
@@ -105,13 +121,15 @@ class NetLink final : public StageLink {
       if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) return Unavailable("a stage failed: " + e->message);
       auto* back = std::get_if<wire::Activation>(&*m);
       if (!back || back->seq != seq_ || back->next != wire::kNextReturn) continue;  // stale or not ours
-      if (back->token_index != hidden.positions.front()) continue;
+      if (back->token_index != want) continue;
+      HiddenStates out = std::move(pending_.front().hidden);
+      pending_.pop_front();
       if (back->model_hash != model_hash_) return Unavailable("the returning activation carries another model's hash");
-      if (back->values.size() != static_cast<size_t>(hidden.n_tokens()) * static_cast<size_t>(hidden_))
+      if (back->values.size() != static_cast<size_t>(out.n_tokens()) * static_cast<size_t>(hidden_))
         return Unavailable("the returning activation has the wrong size");
-      hidden.values = std::move(back->values);
+      out.values = std::move(back->values);
       lap_seconds_ += Since(start);
-      return hidden;
+      return out;
     }
     return Unavailable("a lap stalled: no activation came back within " + std::to_string(static_cast<int>(lap_timeout_s_)) + " s");
   }
@@ -134,6 +152,11 @@ class NetLink final : public StageLink {
   int64_t laps_ = 0;
   double lap_seconds_ = 0;
   std::string failed_device_;
+  struct Pending {
+    HiddenStates hidden;  // positions of the batch (values travel in the activation)
+    Clock::time_point sent;
+  };
+  std::deque<Pending> pending_;
 };
 
 class Head {
@@ -316,7 +339,11 @@ class Head {
         (void)ep_->Send(stages[i].address, wire::Message(wire::Token{static_cast<int32_t>(turn_), pos, id}), 500);
     };
     GenerateOptions g = gen;
-    if (g.prefill_chunk == 0 && stages.size() > 1) g.prefill_chunk = 16;
+    if (stages.size() > 1) {
+      // Chunks of 16 positions, two in the ring at once: a long prompt keeps every stage busy.
+      if (g.prefill_chunk == 0) g.prefill_chunk = 16;
+      g.prefill_in_flight = 2;
+    }
     auto result = generator.Generate(report.prompt_ids, g, on_token);
     if (!result.ok()) {  // Unavailable: a ring fault, replayed once by Run() without that device
       if (!link.failed_device().empty()) suspects_.insert(link.failed_device());

@@ -19,7 +19,7 @@ Activation MakeActivation(int n_tokens, int hidden) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int i = 0; i < n_tokens * hidden; ++i) a.values.push_back(nd(rng));
-  a.values[5] = -0.0f;
+  if (a.values.size() > 5) a.values[5] = -0.0f;  // a signed zero the hash must keep apart from +0
   a.act_hash = ActHash(a.values);
   return a;
 }
