@@ -324,5 +324,28 @@ TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNext
   EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
 }
 
+TEST_F(RingTest, ASecondPromptWaitsForTheTurnInProgress) {
+  StartServe(/*compute=*/false);
+  StartNodes(1, {"DAISY_TEST_HOP_DELAY_MS=30"});
+  WaitForJoined(1);
+  const std::string tiny = (models_ / "tiny30").string();
+  const auto want_a = GenerateIds(tiny, "Once upon a time", 100);
+  const auto want_b = GenerateIds(tiny, "Lily and Ben", 30);
+  auto spawn = [&](const std::string& home, const std::string& prompt, int n, const std::string& log) {
+    return Proc::Spawn({e2e::Bin(), "run", "--join", Join(), "--json", "--name", home, "--model", tiny, "--prompt", prompt,
+                        "-n", std::to_string(n), "--stages", "2"},
+                       BaseEnv(home), (tmp_ / log).string());
+  };
+  Proc a = spawn("head-a", "Once upon a time", 100, "run-a.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  Proc b = spawn("head-b", "Lily and Ben", 30, "run-b.log");
+  ASSERT_EQ(a.Wait(90), 0) << e2e::ReadAll((tmp_ / "run-a.log").string());
+  ASSERT_EQ(b.Wait(90), 0) << e2e::ReadAll((tmp_ / "run-b.log").string());
+  const std::string la = e2e::ReadAll((tmp_ / "run-a.log").string()), lb = e2e::ReadAll((tmp_ / "run-b.log").string());
+  EXPECT_EQ(nlohmann::json::parse(la.substr(la.rfind("\n{") + 1))["ids"].get<std::vector<int>>(), want_a);
+  EXPECT_EQ(nlohmann::json::parse(lb.substr(lb.rfind("\n{") + 1))["ids"].get<std::vector<int>>(), want_b);
+  EXPECT_NE(lb.find("waiting for the turn in progress"), std::string::npos) << lb;
+}
+
 }  // namespace
 }  // namespace daisy

@@ -106,6 +106,9 @@ struct Heartbeat {
   std::string device_id;
 };
 
+// ErrorMsg codes a receiver acts on; others are reported as they are.
+inline constexpr uint16_t kErrBusy = 5;  // serving another head's turn: ask again later
+
 struct ErrorMsg {
   uint16_t code = 0;
   std::string message;

@@ -167,7 +167,8 @@ class Head {
     DAISY_ASSIGN_OR_RETURN(id_, DeviceId(DeviceHome(), "head"));
     DAISY_ASSIGN_OR_RETURN(ep_, net::Endpoint::Bind(o_.bind_host, 0));
     room_ = std::make_unique<Room>(*ep_, o_.rendezvous, id_);
-    hello_ = MeasureHello(id_, o_.name, wire::kCapCompute | wire::kCapHead);
+    // A one-shot head serves no other head's hops, so it does not offer itself as compute.
+    hello_ = MeasureHello(id_, o_.name, wire::kCapHead);
 
     // The model: config, tokenizer and headers only, before any device is asked for anything.
     DAISY_ASSIGN_OR_RETURN(source_, OpenModelSource(o_.model, o_.hub));
@@ -283,7 +284,7 @@ class Head {
     // Assign every other stage; each fetches its own layers itself.
     ++turn_;
     std::map<int, bool> ready;
-    for (size_t i = 1; i < stages.size(); ++i) {
+    auto assignment_for = [&](size_t i) {
       wire::Assignment a;
       a.turn = turn_;
       a.model_id = source_->ModelId();
@@ -293,7 +294,10 @@ class Head {
       a.ctx = ctx_;
       a.stages = stages;
       a.your_stage = static_cast<int32_t>(i);
-      daisy::Status sent = ep_->Send(stages[i].address, wire::Message(a), 3000);
+      return a;
+    };
+    for (size_t i = 1; i < stages.size(); ++i) {
+      daisy::Status sent = ep_->Send(stages[i].address, wire::Message(assignment_for(i)), 3000);
       if (!sent.ok()) {
         suspects_.insert(stages[i].device_id);
         return Unavailable("could not reach " + stages[i].device_id.substr(0, 8) + ": " + sent.message());
@@ -309,7 +313,15 @@ class Head {
     }
     if (stages.size() > 1) Say("waiting for " + std::to_string(stages.size() - 1) + " stage(s) to fetch their layers");
     const auto wait_start = Clock::now();
+    auto last_busy = Clock::now() - std::chrono::seconds(10);
+    bool said_busy = false;
     while (static_cast<size_t>(ready.size()) + 1 < stages.size()) {
+      // A stage busy with another head's turn said so: ask again every second.
+      if (said_busy && Since(last_busy) > 1.0) {
+        last_busy = Clock::now();
+        for (size_t i = 1; i < stages.size(); ++i)
+          if (!ready.count(static_cast<int>(i))) (void)ep_->Send(stages[i].address, wire::Message(assignment_for(i)), 1000);
+      }
       auto m = room_->Poll(100, 0);
       for (size_t i = 1; i < stages.size(); ++i)
         if (!room_->Has(stages[i].device_id)) {
@@ -319,7 +331,13 @@ class Head {
       if (Since(wait_start) > 1800) return Unavailable("stages were not ready after 30 minutes");
       if (!m) continue;
       if (auto* r = std::get_if<wire::Ready>(&*m)) ready[r->stage] = true;
-      if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) return InvalidArgument("a stage refused its assignment: " + e->message);
+      if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) {
+        if (e->code != wire::kErrBusy) return InvalidArgument("a stage refused its assignment: " + e->message);
+        // Another head's turn holds the ring: wait for it, asking again every second.
+        if (!said_busy) Say("waiting for the turn in progress (" + e->message + ")");
+        said_busy = true;
+        last_busy = Clock::now();
+      }
     }
     if (stages.size() > 1) Say("all stages ready");
 

@@ -3,7 +3,9 @@
 #include <zmq.hpp>
 
 #include <cctype>
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include "daisy/log.h"
 #include "daisy/net.h"
@@ -43,7 +45,7 @@ struct Endpoint::Impl {
     auto it = outboxes.find(to);
     if (it != outboxes.end()) return it->second;
     zmq::socket_t s(Context(), zmq::socket_type::push);
-    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::linger, 200);
     s.set(zmq::sockopt::immediate, 1);
     s.set(zmq::sockopt::sndhwm, 1000);
     s.connect(to);
@@ -52,7 +54,15 @@ struct Endpoint::Impl {
 };
 
 Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Endpoint::~Endpoint() = default;
+
+Endpoint::~Endpoint() {
+  // The last frames (done, bye) may still sit in ZeroMQ's queues. Closing a socket with a
+  // linger lets the I/O thread hand them to the kernel, which delivers them after the
+  // process is gone; the short pause gives that thread the moment it needs.
+  const bool sent_any = !impl_->outboxes.empty();
+  impl_->outboxes.clear();
+  if (sent_any) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+}
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Bind(const std::string& host, int port) {
   auto impl = std::make_unique<Impl>();

@@ -99,6 +99,7 @@ class Node {
     for (const auto& peer : p.peers) head_here = head_here || peer.hello.device_id == head_id_;
     if (!head_here) {
       std::fprintf(stderr, "node %s: the head left; keeping my layers for the next turn\n", hello_.name.c_str());
+      busy_head_.clear();
       head_id_.clear();
       head_address_.clear();
       seq_ = -1;
@@ -106,6 +107,12 @@ class Node {
   }
 
   void On(wire::Assignment& a) {
+    // One turn owns the ring: another head's assignment waits until this turn is done.
+    if (!busy_head_.empty() && busy_head_ != a.stages[0].device_id) {
+      (void)ep_->Send(a.stages[0].address,
+                      wire::Message(wire::ErrorMsg{wire::kErrBusy, "busy: " + hello_.name + " is serving another head's turn"}), 1000);
+      return;
+    }
     head_id_ = a.stages[0].device_id;
     head_address_ = a.stages[0].address;
     Status st = Assign(a);
@@ -114,6 +121,7 @@ class Node {
       (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{3, hello_.name + ": " + Redact(st.message())}), 1000);
       return;
     }
+    busy_head_ = head_id_;
     (void)ep_->Send(head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes()}), 2000);
   }
 
@@ -237,6 +245,7 @@ class Node {
   }
 
   void On(wire::Done& d) {
+    busy_head_.clear();  // the turn is over: the next head may have the ring
     if (o_.print_tokens && d.seq == printed_seq_) {
       if (stream_) std::fputs(stream_->Finish().c_str(), stdout);
       std::fputs("\n", stdout);
@@ -258,6 +267,7 @@ class Node {
   bool joined_ = false;
   Clock::time_point last_beat_ = Clock::now();
   std::string head_id_, head_address_;
+  std::string busy_head_;  // the head whose turn this device serves, until its done
   Slice slice_;
   int stage_ = -1;
   std::vector<wire::StageEntry> stages_;
