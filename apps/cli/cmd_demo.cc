@@ -90,8 +90,15 @@ int RunDemo(const DemoFlags& f) {
   o.ctx = f.gen.ctx;
   o.stages = f.nodes + 1;
   o.verify = true;
-  o.on_status = [](std::string_view line) { std::printf("  %.*s\n", static_cast<int>(line.size()), line.data()); std::fflush(stdout); };
   bool story_started = false;
+  o.on_status = [&](std::string_view line) {
+    if (story_started) {  // the story is on the line above: finish it first
+      std::printf("\n\n");
+      story_started = false;
+    }
+    std::printf("  %.*s\n", static_cast<int>(line.size()), line.data());
+    std::fflush(stdout);
+  };
   o.on_text = [&](std::string_view t) {
     if (!story_started) {
       std::printf("\n%s", f.prompt.c_str());

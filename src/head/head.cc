@@ -383,7 +383,7 @@ class Head {
   }
 
   daisy::Status Verify(HeadReport& report, const GenerateOptions& gen) {
-    Say("\nverifying: running the whole model on this device");
+    Say("verifying: running the whole model on this device");
     const int all[] = {info_->spec.n_layers};
     DAISY_ASSIGN_OR_RETURN(LocalPipeline local, LocalPipeline::Load(*source_, *info_, all, ctx_));
     Generator g(local.head());
