@@ -13,7 +13,7 @@
 // Contraction of a*b+c into an FMA, reassociation or x87 excess precision would change
 // the bits; refuse to build rather than produce different numbers on some machines.
 #if defined(__FAST_MATH__)
-#error "detmath.cc must not be compiled with -ffast-math"
+#error "detmath.cc must not be compiled with fast-math: its results must be the same bits everywhere"
 #endif
 #if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
 #error "detmath.cc needs FLT_EVAL_METHOD == 0 (SSE2 / NEON arithmetic, no x87 excess precision)"
