@@ -64,10 +64,7 @@ uint64_t Fnv1a(const std::string& s) {
     ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.ToString(); \
   } while (0)
 
-std::string ModelsDir() {
-  const char* d = std::getenv("DAISY_MODELS");
-  return d != nullptr ? d : DAISY_MODELS_FALLBACK;
-}
+std::string ModelsDir() { return std::getenv("DAISY_MODELS"); }  // set by tests/test_env.cc
 
 // All tensors of a folder as f32, by name, read through the project's fetch path.
 std::map<std::string, std::vector<float>> ReadAll(const std::string& dir) {
@@ -342,8 +339,7 @@ TEST(ModelMakerTest, RefusesBadOptions) {
 
 // Runs the CLI in a child process and returns its exit status and peak RSS (KiB).
 std::pair<int, long> RunMakeModel(const std::vector<std::string>& args) {
-  const char* bin_dir = std::getenv("DAISY_BIN_DIR");
-  const std::string bin = std::string(bin_dir != nullptr ? bin_dir : DAISY_BIN_DIR_FALLBACK) + "/tools/make_model";
+  const std::string bin = std::string(std::getenv("DAISY_BIN_DIR")) + "/tools/make_model";
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(bin.c_str()));
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));

@@ -21,18 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// From the environment ctest sets, else the build's own paths (compiled in).
-std::string Env(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
-}
-
-std::string Binary() {
-  return Env("DAISY_BIN_DIR", DAISY_BIN_DIR_DEFAULT) + "/apps/cli/daisychain";
-}
-std::string Stories() {
-  return Env("DAISY_MODELS", DAISY_MODELS_DEFAULT) + "/stories260K";
-}
+// Paths from the environment every test binary gets (tests/test_env.cc).
+std::string Binary() { return std::string(std::getenv("DAISY_BIN_DIR")) + "/apps/cli/daisychain"; }
+std::string Stories() { return std::string(std::getenv("DAISY_MODELS")) + "/stories260K"; }
 
 struct Output {
   int exit_code = -1;

@@ -35,8 +35,7 @@ constexpr double kMaxMeanKl = 2e-3;
 constexpr int kMinGreedyAgreement = 20;  // measured: 61, 57, 113, 28, 58
 
 std::string ModelDir() {
-  const char* m = std::getenv("DAISY_MODELS");
-  return std::string(m ? m : DAISY_MODELS_DEFAULT) + "/stories260K";
+  return std::string(std::getenv("DAISY_MODELS")) + "/stories260K";  // set by tests/test_env.cc
 }
 
 nlohmann::json ReadJson(const std::string& path) {
