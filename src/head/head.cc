@@ -100,6 +100,7 @@ class NetLink final : public StageLink {
     }
     hops_ += static_cast<int64_t>(stages_.size());
     ++laps_;
+    if (pending_.empty()) busy_since_ = Clock::now();  // wall time with a batch in the ring
     pending_.push_back({std::move(hidden), Clock::now()});
     return daisy::Status::Ok();
   }
@@ -128,7 +129,7 @@ class NetLink final : public StageLink {
       if (back->values.size() != static_cast<size_t>(out.n_tokens()) * static_cast<size_t>(hidden_))
         return Unavailable("the returning activation has the wrong size");
       out.values = std::move(back->values);
-      lap_seconds_ += Since(start);
+      if (pending_.empty()) lap_seconds_ += Since(busy_since_);  // overlapping laps count once
       return out;
     }
     return Unavailable("a lap stalled: no activation came back within " + std::to_string(static_cast<int>(lap_timeout_s_)) + " s");
@@ -157,6 +158,7 @@ class NetLink final : public StageLink {
     Clock::time_point sent;
   };
   std::deque<Pending> pending_;
+  Clock::time_point busy_since_;
 };
 
 class Head {
