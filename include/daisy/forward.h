@@ -256,10 +256,15 @@ class HeadStage {
   Result<std::vector<float>> Forward(std::span<const int32_t> tokens, int first_position);
   // The same, logits of every row (n_tokens, vocab).
   Result<std::vector<float>> ForwardAll(std::span<const int32_t> tokens, int first_position);
-  // A prompt from position 0 in chunks of `chunk` positions with up to `in_flight` chunks
-  // in the rest of the ring at once; the logits of the last position. The same bits as
-  // Forward over the same chunks one at a time.
-  Result<std::vector<float>> Prefill(std::span<const int32_t> tokens, int chunk, int in_flight);
+  // A prompt from position `first` (<= length(): a cached prefix is kept) in chunks of
+  // `chunk` positions with up to `in_flight` chunks in the rest of the ring at once; the
+  // logits of the last position. The same bits as Forward over the same chunks one at a time.
+  Result<std::vector<float>> Prefill(std::span<const int32_t> tokens, int chunk, int in_flight, int first = 0);
+  // The rest of the ring for the next calls (a new turn has a new link); nullptr: none.
+  void set_link(StageLink* rest) { rest_ = rest; }
+  // Forgets cached positions >= n.
+  void Truncate(int n) { kv_.Truncate(n); }
+  size_t CacheBytes() const { return kv_.Bytes(); }
 
  private:
   // Embedding and the head's own layers.

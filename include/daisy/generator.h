@@ -23,6 +23,15 @@ struct GenerateOptions {
   std::vector<int32_t> stop_ids;  // spec.eos_ids plus the user's; a stop id ends the turn
   int prefill_chunk = 0;          // prompt positions per forward step; 0 = the whole prompt
   int prefill_in_flight = 1;      // chunks in the rest of the ring at once (a ring overlaps them)
+  // Prefix reuse: positions [0, first_position) of the prompt are already in the head's KV
+  // cache (and every stage's); the prefill starts there. Must be < prompt size.
+  int first_position = 0;
+  // Optional, before each token is sampled: may lower logits to -inf, never raise them
+  // (JSON mode). tokens_left counts this token.
+  std::function<void(std::span<float> logits, int tokens_left)> constrain;
+  // Optional, after each token is emitted: true ends the turn with finish reason "stop"
+  // (a completed JSON value, a stop string, a client that went away).
+  std::function<bool(int32_t id)> stop_after;
 };
 
 enum class FinishReason : uint8_t { kStop, kLength };

@@ -1,11 +1,16 @@
 // A request's life on the head: join the room, plan over the devices there, assign each
 // stage its layers (never weights), wait until every stage is ready, then prefill and
 // decode with laps around the ring, broadcasting each token; replay once around a stage
-// that drops; optionally verify against a single-device run. Not thread-safe: one turn at
-// a time per HeadSession.
+// that drops; optionally verify against a single-device run.
+//
+// HeadSession is the long-lived head of `serve`: it stays in the room, holds one model and
+// keeps the KV of recent conversations on every stage (the prefix cache). RunHead is the
+// one-shot head of `run`: a session for one turn.
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +18,9 @@
 
 #include "daisy/generator.h"
 #include "daisy/hub.h"
+#include "daisy/model.h"
+#include "daisy/tokenizer.h"
+#include "daisy/wire.h"
 #include "daisy/status.h"
 
 namespace daisy {
@@ -44,6 +52,15 @@ struct HeadStageReport {
   uint64_t download_bytes = 0;  // bytes of its tensors as stored
 };
 
+// One stage's share of a turn, as the stage measured it.
+struct StageLatency {
+  int stage = 0;
+  std::string device_id;
+  std::string device_name;
+  int64_t hops = 0;            // activations it ran
+  double compute_seconds = 0;  // time inside its layers
+};
+
 struct HeadReport {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> ids;
@@ -54,6 +71,9 @@ struct HeadReport {
   double decode_seconds = 0;
   double tokens_per_s = 0;      // decode
   int64_t ring_hops = 0;        // activation messages sent around the ring
+  int64_t ring_positions = 0;   // positions (rows) that went around the ring
+  int reused_positions = 0;     // prompt positions taken from the prefix cache
+  std::vector<StageLatency> stage_latency;  // per stage, head first
   int64_t laps = 0;
   double lap_seconds = 0;       // wall time inside laps (transport + remote compute)
   int replays = 0;
@@ -62,5 +82,99 @@ struct HeadReport {
 };
 
 Result<HeadReport> RunHead(const HeadOptions& options);
+
+struct SessionOptions {
+  std::string rendezvous;               // "tcp://HOST:PORT"
+  std::string room = "default";
+  std::string name;
+  std::string role = "head";            // DeviceId role: one identity per role and home
+  std::string bind_host = "127.0.0.1";
+  HubOptions hub;
+  std::vector<std::string> exclude_devices;  // never planned (e.g. serve's own compute node)
+  double lap_timeout_s = 60;
+  int cache_slots = 4;                  // conversations whose KV each stage keeps
+  std::optional<int> stages;            // split over exactly N devices (incl. the head)
+  std::optional<std::vector<int>> plan; // layers per stage, head first
+  double wait_s = 30;                   // how long `stages` waits for devices
+  bool join_at_start = true;            // false: join at the first turn (a bad model fails first)
+};
+
+// What Load read: config, tokenizer and headers only.
+struct ModelView {
+  std::string source;       // as given
+  std::string model_id;     // repo id or local path id
+  std::string revision;
+  ModelSpec spec;
+  uint64_t parameters = 0;
+  uint64_t weight_bytes = 0;  // as stored
+  int ctx = 0;
+  std::string chat_template;  // "" when the model has none
+};
+
+struct PlanView {
+  std::vector<HeadStageReport> stages;  // head first
+  std::vector<uint64_t> hold_bytes;     // resident int8 bytes per stage (incl. its KV)
+  double est_seconds_per_token = 0;
+  bool fits = true;
+  std::string warning;                  // why it does not fit, or ""
+  std::vector<std::string> notes;
+};
+
+// One stage's download, as reported by the stage.
+struct StageProgress {
+  int stage = 0;
+  std::string device_id;
+  std::string device_name;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+
+struct TurnRequest {
+  std::vector<int32_t> prompt_ids;     // tokenized by the caller (while it waited)
+  GenerateOptions generate;            // the model's stop ids are added
+  // Called before every run of this turn (first try, replay, verify) so stateful hooks
+  // (JSON mode, stop strings) start fresh each time.
+  std::function<void(GenerateOptions&)> fresh_hooks;
+  bool verify = false;
+  std::string conversation;            // prefix-cache key; "" = the slot with the longest prefix
+  std::optional<int> stages;           // split over exactly N devices; unset: the session's
+  // Each token as it is chosen, with the text it adds (may be empty while a character is
+  // incomplete); at the end, id -1 carries any text still held back.
+  std::function<void(int32_t id, std::string_view text)> on_token;
+  std::function<void(std::string_view line)> on_status;
+  std::function<void(const StageProgress&)> on_progress;
+};
+
+// The long-lived head. Thread-safe: turns run one at a time (Generate blocks until the
+// turn before it is done); the room is kept (heartbeats, peers) between turns.
+class HeadSession {
+ public:
+  static Result<std::unique_ptr<HeadSession>> Start(const SessionOptions& options);
+  ~HeadSession();
+  HeadSession(const HeadSession&) = delete;
+  HeadSession& operator=(const HeadSession&) = delete;
+
+  const std::string& device_id() const;
+  // The approved members of the room, as the rendezvous last said.
+  std::vector<wire::Peer> Peers() const;
+  // Reads config, tokenizer and headers of SRC (no weights) and makes it the session's
+  // model. ctx 0: DefaultContext. Waits for a running turn.
+  Result<ModelView> Load(const std::string& source, int ctx = 0);
+  std::optional<ModelView> model() const;
+  // The loaded tokenizer; nullptr before Load. Stays valid while the caller holds it.
+  std::shared_ptr<const Tokenizer> tokenizer() const;
+  // The plan a turn would use now, over the devices in the room.
+  Result<PlanView> PreviewPlan(std::optional<int> stages = std::nullopt) const;
+  // One turn: plan, assign, ready, prefill (reusing the longest cached prefix), decode,
+  // done; replays once without a stage that fails; verifies when asked.
+  Result<HeadReport> Generate(const TurnRequest& request);
+  // Forgets every cached conversation (here and, at the next turn, on the stages).
+  void ClearCache();
+
+ private:
+  struct Impl;
+  explicit HeadSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace daisy

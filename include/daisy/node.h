@@ -44,6 +44,7 @@ struct NodeOptions {
   HubOptions hub;                  // this device's own credentials and cache
   bool print_tokens = true;        // print the token stream as it arrives
   const std::atomic<bool>* stop = nullptr;  // stops the loop when it becomes true
+  int cache_slots = 4;             // conversations whose KV this device keeps (prefix cache)
 };
 
 // Runs the member loop until *options.stop is true. Survives a head that disappears and

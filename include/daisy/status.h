@@ -25,6 +25,7 @@ enum class ErrorCode : uint8_t {
   kOutOfRange,
   kInternal,
   kAborted,
+  kFailedPrecondition,  // the system is not in a state for this yet (e.g. no model loaded)
 };
 
 std::string_view ErrorCodeName(ErrorCode code);
@@ -58,6 +59,7 @@ inline Status Unimplemented(std::string m) { return {ErrorCode::kUnimplemented, 
 inline Status OutOfRange(std::string m) { return {ErrorCode::kOutOfRange, std::move(m)}; }
 inline Status Internal(std::string m) { return {ErrorCode::kInternal, std::move(m)}; }
 inline Status Aborted(std::string m) { return {ErrorCode::kAborted, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) { return {ErrorCode::kFailedPrecondition, std::move(m)}; }
 
 // Result<T>: a T or a non-OK Status.
 template <typename T>

@@ -28,9 +28,11 @@ enum class Tag : int32_t {
   kBye = -28,
   kJoin = -29,
   kPeers = -30,
+  kProgress = -31,
+  kStageStats = -32,
 };
 
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kMaxString = 1024;          // any string field
 inline constexpr size_t kMaxStages = 256;
 inline constexpr size_t kMaxFrameBytes = 256u << 20; // an activation of a long prefill chunk fits
@@ -70,12 +72,19 @@ struct Assignment {
   int32_t ctx = 0;             // context length of the KV caches
   std::vector<StageEntry> stages;  // the whole plan, head first (never weights)
   int32_t your_stage = 0;
+  // Prefix cache: the stage keeps one KV cache per cache_key (a conversation). It keeps the
+  // first `keep` positions of that cache only when the cache's tag (set by the last done
+  // of that conversation) equals keep_tag; otherwise it starts empty. Ready says which.
+  uint64_t cache_key = 0;
+  int32_t keep = 0;
+  uint64_t keep_tag = 0;
 };
 // The RETURN leg goes to stages[0].address with next = kNextReturn.
 
 struct Ready {
   int32_t stage = 0;
   uint64_t bytes_held = 0;
+  int32_t kept = 0;  // positions of the assignment's cache it kept (0 or keep)
 };
 
 // Header [i32 tag][i32 seq][i32 token_index][i32 next][u32 act_hash][u32 model_hash], then
@@ -99,6 +108,24 @@ enum class FinishReason : uint8_t { kStop = 0, kLength = 1, kCancelled = 2, kErr
 struct Done {
   int32_t seq = 0;
   FinishReason reason = FinishReason::kStop;
+  // The turn's cache now holds `cached` positions whose ids hash to cache_tag: the stage
+  // files it under the assignment's cache_key for the conversation's next turn.
+  int32_t cached = 0;
+  uint64_t cache_tag = 0;
+};
+// Stage -> head while it fetches its layers (a few per second at most).
+struct Progress {
+  uint32_t turn = 0;
+  int32_t stage = 0;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+// Stage -> head after done: its share of the turn.
+struct StageStats {
+  int32_t seq = 0;
+  int32_t stage = 0;
+  int64_t hops = 0;
+  double compute_seconds = 0;
 };
 
 struct Heartbeat {
@@ -137,7 +164,8 @@ struct Peers {
 };
 inline constexpr size_t kMaxPeers = 256;
 
-using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers>;
+using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers, Progress,
+                             StageStats>;
 
 std::vector<uint8_t> Encode(const Message& message);
 // Decodes one whole frame. `hidden` is the activation row width the receiver expects (0:

@@ -18,6 +18,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kOutOfRange: return "out of range";
     case ErrorCode::kInternal: return "internal error";
     case ErrorCode::kAborted: return "aborted";
+    case ErrorCode::kFailedPrecondition: return "failed_precondition";
   }
   return "unknown";
 }

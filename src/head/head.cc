@@ -6,6 +6,9 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <thread>
+
+#include <xxhash.h>
 
 #include "daisy/forward.h"
 #include "daisy/log.h"
@@ -46,6 +49,7 @@ class Room {
       return std::nullopt;
     }
     if (auto* p = std::get_if<wire::Peers>(&*m)) {
+      std::lock_guard<std::mutex> lock(mu_);
       peers_ = p->peers;
       seen_peers_ = true;
       return std::nullopt;
@@ -53,12 +57,20 @@ class Room {
     return std::move(*m);
   }
   bool Has(const std::string& device_id) const {
+    std::lock_guard<std::mutex> lock(mu_);
     for (const auto& p : peers_)
       if (p.hello.device_id == device_id) return true;
     return false;
   }
-  const std::vector<wire::Peer>& peers() const { return peers_; }
-  bool seen_peers() const { return seen_peers_; }
+  // A copy: the session's other threads read it while a turn polls.
+  std::vector<wire::Peer> peers() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peers_;
+  }
+  bool seen_peers() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_peers_;
+  }
   std::string TakeRefusal() { return std::exchange(last_refusal_, ""); }
 
  private:
@@ -66,6 +78,7 @@ class Room {
   std::string rendezvous_;
   std::string id_;
   Clock::time_point last_beat_ = Clock::now() - std::chrono::seconds(5);
+  mutable std::mutex mu_;
   std::vector<wire::Peer> peers_;
   bool seen_peers_ = false;
   std::string last_refusal_;
@@ -99,6 +112,7 @@ class NetLink final : public StageLink {
       return Unavailable("stage 1 (" + stages_[1].device_id.substr(0, 8) + ") is unreachable: " + sent.message());
     }
     hops_ += static_cast<int64_t>(stages_.size());
+    positions_ += static_cast<int64_t>(hidden.positions.size());
     ++laps_;
     if (pending_.empty()) busy_since_ = Clock::now();  // wall time with a batch in the ring
     pending_.push_back({std::move(hidden), Clock::now()});
@@ -136,6 +150,7 @@ class NetLink final : public StageLink {
   }
 
   int64_t hops() const { return hops_; }
+  int64_t positions() const { return positions_; }
   // The device that made the last lap fail, when it is known.
   const std::string& failed_device() const { return failed_device_; }
   int64_t laps() const { return laps_; }
@@ -150,6 +165,7 @@ class NetLink final : public StageLink {
   int hidden_;
   double lap_timeout_s_;
   int64_t hops_ = 0;
+  int64_t positions_ = 0;
   int64_t laps_ = 0;
   double lap_seconds_ = 0;
   std::string failed_device_;
@@ -161,217 +177,484 @@ class NetLink final : public StageLink {
   Clock::time_point busy_since_;
 };
 
-class Head {
- public:
-  explicit Head(const HeadOptions& o) : o_(o) {}
+// The prefix cache on the head: one HeadStage (with its KV) per conversation, and what
+// its cache holds.
+struct HeadSlot {
+  uint64_t key = 0;
+  std::unique_ptr<HeadStage> stage;
+  std::vector<int32_t> ids;  // the ids at positions [0, ids.size()) of every stage's cache
+  std::string plan_sig;      // the plan those caches were filled under
+  uint64_t last_used = 0;
+};
 
-  Result<HeadReport> Run() {
-    DAISY_ASSIGN_OR_RETURN(id_, DeviceId(DeviceHome(), "head"));
-    DAISY_ASSIGN_OR_RETURN(ep_, net::Endpoint::Bind(o_.bind_host, 0));
-    room_ = std::make_unique<Room>(*ep_, o_.rendezvous, id_);
-    // A one-shot head serves no other head's hops, so it does not offer itself as compute.
-    hello_ = MeasureHello(id_, o_.name, wire::kCapHead);
+uint64_t IdsTag(std::span<const int32_t> ids) {
+  return XXH64(ids.data(), ids.size() * sizeof(int32_t), 0x50524546u /* "PREF" */);
+}
 
-    // The model: config, tokenizer and headers only, before any device is asked for anything.
-    DAISY_ASSIGN_OR_RETURN(source_, OpenModelSource(o_.model, o_.hub));
-    DAISY_ASSIGN_OR_RETURN(ModelInfo info, LoadModelInfo(*source_));
-    info_ = std::make_unique<ModelInfo>(std::move(info));
-    const ModelSpec& spec = info_->spec;
-    DAISY_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(*source_));
-    tokenizer_.emplace(std::move(tok));
-    HeadReport report;
-    DAISY_ASSIGN_OR_RETURN(report.prompt_ids, tokenizer_->Encode(o_.prompt, true));
-    ctx_ = o_.ctx > 0 ? o_.ctx : DefaultContext(spec);
-    DAISY_RETURN_IF_ERROR(CheckContext(spec, ctx_));
-    model_hash_ = ModelHashOf(*source_, info_->index);
-    spec_hash_ = SpecHash(spec);
-    GenerateOptions gen = o_.generate;
-    for (int id : spec.eos_ids) gen.stop_ids.push_back(id);
+size_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
 
-    DAISY_RETURN_IF_ERROR(JoinRoom());
-    std::string last_error;
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      if (attempt > 0) {
-        Say("re-planning around the devices still in the room and replaying the turn from the start");
-        ++report.replays;
+std::string PlanSignature(const std::vector<wire::StageEntry>& stages, int ctx) {
+  std::string sig = std::to_string(ctx);
+  for (const auto& s : stages) sig += "|" + s.device_id + ":" + s.address + ":" + std::to_string(s.first) + "-" + std::to_string(s.end);
+  return sig;
+}
+
+}  // namespace
+
+struct HeadSession::Impl {
+  SessionOptions o;
+  std::string id;
+  std::unique_ptr<net::Endpoint> ep;
+  std::unique_ptr<Room> room;
+  wire::Hello hello;
+
+  // One turn at a time owns the endpoint; the idle thread keeps the room between turns.
+  std::mutex turn_mu;
+  std::atomic<int> waiting{0};
+  std::atomic<bool> stopping{false};
+  std::thread idle;
+
+  // The model (guarded by state_mu for readers; replaced only under turn_mu too).
+  mutable std::mutex state_mu;
+  std::unique_ptr<ModelSource> source;
+  std::shared_ptr<const ModelInfo> info;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::optional<ModelView> view;
+  int ctx = 0;
+  uint32_t model_hash = 0;
+  uint64_t spec_hash = 0;
+
+  // Turn state (under turn_mu).
+  std::unique_ptr<StageWeights> head_weights;
+  std::unique_ptr<LocalPipeline> verify_pipeline;
+  std::vector<HeadSlot> slots;
+  uint64_t use_clock = 0;
+  uint32_t turn = 0;
+  std::set<std::string> suspects;  // devices that failed an attempt: not planned again this turn
+  bool joined = false;
+
+  ~Impl() {
+    stopping = true;
+    if (idle.joinable()) idle.join();
+    if (ep) (void)ep->Send(o.rendezvous, wire::Message(wire::Bye{id}), 300);  // leave the room now
+  }
+
+  void IdleLoop() {
+    auto last_join = Clock::now() - std::chrono::seconds(10);
+    while (!stopping.load()) {
+      if (waiting.load() > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
       }
-      daisy::Status turn = Turn(report, gen, attempt);
-      if (turn.ok()) break;
-      if (turn.code() != ErrorCode::kUnavailable || attempt == 1) {
-        if (attempt == 1) return Unavailable("the replay failed too: " + turn.message() + " (first failure: " + last_error + ")");
-        return turn;
+      std::unique_lock<std::mutex> lock(turn_mu);
+      // A head the rendezvous dropped (e.g. a long stall) joins again.
+      if (room->seen_peers() && !room->Has(id) && Since(last_join) > 2.0) {
+        (void)ep->Send(o.rendezvous, wire::Message(wire::Join{o.room, ep->address(), hello}), 300);
+        last_join = Clock::now();
       }
-      last_error = turn.message();
-      Say("the turn failed: " + last_error);
+      (void)room->Poll(50, 0);  // stale replies of a finished turn are dropped here
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    (void)ep_->Send(o_.rendezvous, wire::Message(wire::Bye{id_}), 300);  // leave the room now
-    if (o_.verify) DAISY_RETURN_IF_ERROR(Verify(report, gen));
-    return report;
   }
 
- private:
-  void Say(const std::string& line) {
-    if (o_.on_status) o_.on_status(line);
+  // Takes the ring: the idle thread steps aside.
+  std::unique_lock<std::mutex> TakeTurn() {
+    waiting.fetch_add(1);
+    std::unique_lock<std::mutex> lock(turn_mu);
+    waiting.fetch_sub(1);
+    return lock;
   }
 
-  daisy::Status JoinRoom() {
+  Status JoinRoom() {
     const auto start = Clock::now();
     auto last_join = start - std::chrono::seconds(5);
     while (Since(start) < 10) {
       if (Since(last_join) > 1.0) {
-        (void)ep_->Send(o_.rendezvous, wire::Message(wire::Join{o_.room, ep_->address(), hello_}), 500);
+        (void)ep->Send(o.rendezvous, wire::Message(wire::Join{o.room, ep->address(), hello}), 500);
         last_join = Clock::now();
       }
-      room_->Poll(100, 0);
-      if (room_->Has(id_)) break;
+      room->Poll(100, 0);
+      if (room->Has(id)) break;
     }
-    if (!room_->Has(id_))
-      return Unavailable("no answer from the rendezvous at " + o_.rendezvous + " within 10 s (is `daisychain serve` running, and has the host approved this device?)");
-    if (o_.stages && *o_.stages > 1) {
-      while (static_cast<int>(room_->peers().size()) < *o_.stages && Since(start) < o_.wait_s) room_->Poll(100, 0);
-      if (static_cast<int>(room_->peers().size()) < *o_.stages)
-        return Unavailable("--stages " + std::to_string(*o_.stages) + ": only " + std::to_string(room_->peers().size()) +
-                           " device(s) in room '" + o_.room + "' after " + std::to_string(static_cast<int>(o_.wait_s)) + " s");
-    } else {
-      // Let the list settle: devices already in the room are all in the first answer.
-      const auto settle = Clock::now();
-      while (Since(settle) < 0.3) room_->Poll(50, 0);
-    }
-    return daisy::Status::Ok();
+    if (!room->Has(id))
+      return Unavailable("no answer from the rendezvous at " + o.rendezvous +
+                         " within 10 s (is `daisychain serve` running, and has the host approved this device?)");
+    // Let the list settle: devices already in the room are all in the first answer.
+    const auto settle = Clock::now();
+    while (Since(settle) < 0.3) room->Poll(50, 0);
+    joined = true;
+    return Status::Ok();
   }
 
-  daisy::Status Turn(HeadReport& report, const GenerateOptions& gen, int attempt) {
-    const ModelSpec& spec = info_->spec;
-    // Plan over the devices in the room now; the head first.
-    std::vector<DeviceReport> devices = {{id_, hello_.name, hello_.gemms_per_s, hello_.free_memory, hello_.probe_hash, hello_.backend}};
+  Result<ModelView> Load(const std::string& src, int want_ctx) {
+    DAISY_ASSIGN_OR_RETURN(std::unique_ptr<ModelSource> s, OpenModelSource(src, o.hub));
+    DAISY_ASSIGN_OR_RETURN(ModelInfo mi, LoadModelInfo(*s));
+    if (!mi.index.AllHeadersLoaded()) DAISY_RETURN_IF_ERROR(mi.index.LoadAllHeaders(*s));
+    DAISY_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(*s));
+    const int c = want_ctx > 0 ? want_ctx : DefaultContext(mi.spec);
+    DAISY_RETURN_IF_ERROR(CheckContext(mi.spec, c));
+    ModelView v;
+    v.source = src;
+    v.model_id = s->ModelId();
+    v.revision = s->Revision();
+    v.spec = mi.spec;
+    v.parameters = mi.index.ParameterCount();
+    for (const auto& t : mi.index.tensors()) v.weight_bytes += t.bytes;
+    v.ctx = c;
+    auto lock = TakeTurn();
+    std::lock_guard<std::mutex> state(state_mu);
+    model_hash = ModelHashOf(*s, mi.index);
+    spec_hash = SpecHash(mi.spec);
+    ctx = c;
+    source = std::move(s);
+    info = std::make_shared<const ModelInfo>(std::move(mi));
+    tokenizer = std::make_shared<const Tokenizer>(std::move(tok));
+    view = v;
+    slots.clear();
+    head_weights.reset();
+    verify_pipeline.reset();
+    return v;
+  }
+
+  struct Planned {
+    Plan plan;
+    PlanView view;
+    std::vector<wire::StageEntry> stages;
+  };
+
+  // The plan over the devices in the room now; the head first.
+  Result<Planned> PlanNow(int attempt, std::optional<int> stages_wanted) const {
+    std::shared_ptr<const ModelInfo> mi;
+    int c = 0;
+    {
+      std::lock_guard<std::mutex> state(state_mu);
+      mi = info;
+      c = ctx;
+    }
+    if (!mi) return FailedPrecondition("no model is loaded");
+    const ModelSpec& spec = mi->spec;
+    std::vector<DeviceReport> devices = {{id, hello.name, hello.gemms_per_s, hello.free_memory, hello.probe_hash, hello.backend}};
     std::map<std::string, std::string> address_of;
-    for (const auto& p : room_->peers()) {
+    std::vector<std::string> notes;
+    for (const auto& p : room->peers()) {
       address_of[p.hello.device_id] = p.address;
-      if (p.hello.device_id == id_ || !(p.hello.capabilities & wire::kCapCompute)) continue;
-      if (suspects_.count(p.hello.device_id)) {
-        Say("plan: left out " + p.hello.name + ": it failed during the last attempt");
+      if (p.hello.device_id == id || !(p.hello.capabilities & wire::kCapCompute)) continue;
+      if (std::find(o.exclude_devices.begin(), o.exclude_devices.end(), p.hello.device_id) != o.exclude_devices.end()) continue;
+      if (suspects.count(p.hello.device_id)) {
+        notes.push_back("left out " + p.hello.name + ": it failed during the last attempt");
         continue;
       }
       devices.push_back({p.hello.device_id, p.hello.name, p.hello.gemms_per_s, p.hello.free_memory, p.hello.probe_hash, p.hello.backend});
     }
     PlanOptions po;
+    std::optional<int> want = stages_wanted ? stages_wanted : o.stages;
+    if (want && *want <= 0) want.reset();  // 0: automatic
     if (attempt == 0) {
-      po.stages = o_.stages;
-      po.layer_counts = o_.plan;
-    } else if (o_.stages || o_.plan) {
+      po.stages = want;
+      if (!stages_wanted) po.layer_counts = o.plan;
+    } else if (want || o.plan) {
       // Fewer stages if devices are gone.
-      const int wanted = o_.plan ? static_cast<int>(o_.plan->size()) : *o_.stages;
+      const int wanted = o.plan && !stages_wanted ? static_cast<int>(o.plan->size()) : *want;
       po.stages = std::min<int>(wanted, static_cast<int>(devices.size()));
     }
-    DAISY_ASSIGN_OR_RETURN(Plan plan, MakePlan(PlanModelFromSpec(spec, ctx_), devices, po));
-    for (const auto& n : plan.notes) Say("plan: " + n);
-    report.plan.clear();
-    std::vector<wire::StageEntry> stages;
+    const PlanModel pm = PlanModelFromSpec(spec, c);
+    DAISY_ASSIGN_OR_RETURN(Plan plan, MakePlan(pm, devices, po));
+    Planned out;
+    out.view.notes = notes;
+    for (const auto& n : plan.notes) out.view.notes.push_back(n);
     for (const auto& s : plan.stages) {
-      const bool is_head = s.device_id == id_;
-      const uint64_t bytes = TensorBytes(info_->index, StageTensorNames(spec, s.first, s.end, is_head));
-      report.plan.push_back({s.device_id, s.device_name, s.first, s.end, bytes});
-      stages.push_back({s.device_id, is_head ? ep_->address() : address_of[s.device_id], s.first, s.end});
-      char line[256];
-      std::snprintf(line, sizeof line, "stage %zu: %-24s layers [%2d, %2d)  %8.2f MB%s", stages.size() - 1, s.device_name.c_str(),
-                    s.first, s.end, static_cast<double>(bytes) / 1e6, is_head ? "  (head: embedding and LM head too)" : "");
-      Say(line);
+      const bool is_head = s.device_id == id;
+      const uint64_t bytes = TensorBytes(mi->index, StageTensorNames(spec, s.first, s.end, is_head));
+      out.view.stages.push_back({s.device_id, s.device_name, s.first, s.end, bytes});
+      out.view.hold_bytes.push_back(pm.layer_bytes * static_cast<uint64_t>(s.end - s.first) + (is_head ? pm.head_bytes : 0));
+      out.stages.push_back({s.device_id, is_head ? ep->address() : address_of[s.device_id], s.first, s.end});
     }
-    if (plan.est_seconds_per_token > 0) {
+    out.view.est_seconds_per_token = plan.est_seconds_per_token;
+    out.plan = std::move(plan);
+    return out;
+  }
+
+  Result<PlanView> PreviewPlan(std::optional<int> stages_wanted) const {
+    auto p = PlanNow(0, stages_wanted);
+    if (p.ok()) return p->view;
+    if (p.status().code() == ErrorCode::kFailedPrecondition) return p.status();
+    PlanView v;  // a plan that cannot be made: say why, so the user sees it before any download
+    v.fits = false;
+    v.warning = p.status().message();
+    return v;
+  }
+
+  HeadSlot& SlotFor(const TurnRequest& r) {
+    HeadSlot* best = nullptr;
+    if (!r.conversation.empty()) {
+      const uint64_t key = XXH64(r.conversation.data(), r.conversation.size(), 0x434f4e56u /* "CONV" */);
+      for (auto& s : slots)
+        if (s.key == key) best = &s;
+      if (!best) best = &NewSlot(key);
+    } else {
+      // No conversation named: the slot whose ids share the longest prefix with the prompt.
+      size_t best_len = 0;
+      for (auto& s : slots) {
+        const size_t l = CommonPrefix(s.ids, r.prompt_ids);
+        if (l > best_len || (l == best_len && best && l > 0 && s.last_used > best->last_used)) {
+          best = &s;
+          best_len = l;
+        }
+      }
+      if (!best || best_len == 0) best = &NewSlot(XXH64(r.prompt_ids.data(), std::min<size_t>(r.prompt_ids.size(), 16) * sizeof(int32_t), use_clock + 1));
+    }
+    best->last_used = ++use_clock;
+    return *best;
+  }
+
+  HeadSlot& NewSlot(uint64_t key) {
+    if (static_cast<int>(slots.size()) >= std::max(1, o.cache_slots)) {
+      auto lru = std::min_element(slots.begin(), slots.end(), [](const HeadSlot& a, const HeadSlot& b) { return a.last_used < b.last_used; });
+      slots.erase(lru);
+    }
+    slots.push_back(HeadSlot{key, nullptr, {}, "", 0});
+    return slots.back();
+  }
+
+  Result<HeadReport> Generate(const TurnRequest& r) {
+    auto lock = TakeTurn();
+    if (!info) return FailedPrecondition("no model is loaded");
+    if (r.prompt_ids.empty()) return InvalidArgument("the prompt has no tokens");
+    auto say = [&](const std::string& line) {
+      if (r.on_status) r.on_status(line);
+    };
+    if (!joined) DAISY_RETURN_IF_ERROR(JoinRoom());
+    const std::optional<int> want = r.stages ? r.stages : o.stages;
+    if (want && *want > 1) {
+      const auto start = Clock::now();
+      auto count = [&] {
+        int n = 0;
+        for (const auto& p : room->peers())
+          if (p.hello.device_id == id || ((p.hello.capabilities & wire::kCapCompute) &&
+                                          std::find(o.exclude_devices.begin(), o.exclude_devices.end(), p.hello.device_id) == o.exclude_devices.end()))
+            ++n;
+        return n;
+      };
+      if (count() < *want) say("waiting for " + std::to_string(*want) + " devices in room '" + o.room + "'");
+      while (count() < *want && Since(start) < o.wait_s) room->Poll(100, 0);
+      if (count() < *want)
+        return Unavailable("a split over " + std::to_string(*want) + " devices: only " + std::to_string(count()) + " device(s) in room '" + o.room +
+                           "' after " + std::to_string(static_cast<int>(o.wait_s)) + " s");
+    }
+    HeadReport report;
+    report.prompt_ids = r.prompt_ids;
+    GenerateOptions gen = r.generate;
+    for (int eos : info->spec.eos_ids) gen.stop_ids.push_back(eos);
+    suspects.clear();
+    HeadSlot& slot = SlotFor(r);
+    std::vector<int32_t> emitted;  // ids already streamed: a replay does not stream them again
+    std::string last_error;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (attempt > 0) {
+        say("re-planning around the devices still in the room and replaying the turn from the start");
+        ++report.replays;
+      }
+      GenerateOptions g = gen;
+      if (r.fresh_hooks) r.fresh_hooks(g);
+      Status turn_status = Turn(report, g, attempt, r, slot, emitted);
+      if (turn_status.ok()) break;
+      // Whatever the caches hold now is not a finished turn's: start this slot afresh.
+      slot.ids.clear();
+      slot.plan_sig.clear();
+      if (turn_status.code() != ErrorCode::kUnavailable || attempt == 1) {
+        if (attempt == 1) return Unavailable("the replay failed too: " + turn_status.message() + " (first failure: " + last_error + ")");
+        return turn_status;
+      }
+      last_error = turn_status.message();
+      say("the turn failed: " + last_error);
+    }
+    if (r.verify) {
+      GenerateOptions g = gen;
+      if (r.fresh_hooks) r.fresh_hooks(g);
+      DAISY_RETURN_IF_ERROR(Verify(report, g, say));
+    }
+    return report;
+  }
+
+  Status Turn(HeadReport& report, GenerateOptions gen, int attempt, const TurnRequest& r, HeadSlot& slot, std::vector<int32_t>& emitted) {
+    auto say = [&](const std::string& line) {
+      if (r.on_status) r.on_status(line);
+    };
+    const ModelSpec& spec = info->spec;
+    DAISY_ASSIGN_OR_RETURN(Planned planned, PlanNow(attempt, r.stages));
+    for (const auto& n : planned.view.notes) say("plan: " + n);
+    report.plan = planned.view.stages;
+    const auto& stages = planned.stages;
+    for (size_t i = 0; i < stages.size(); ++i) {
+      const auto& s = planned.view.stages[i];
+      char line[256];
+      std::snprintf(line, sizeof line, "stage %zu: %-24s layers [%2d, %2d)  %8.2f MB%s", i, s.device_name.c_str(), s.first, s.end,
+                    static_cast<double>(s.download_bytes) / 1e6, i == 0 ? "  (head: embedding and LM head too)" : "");
+      say(line);
+    }
+    if (planned.view.est_seconds_per_token > 0) {
       char line[96];
-      std::snprintf(line, sizeof line, "estimated compute per token: %.2f ms", 1e3 * plan.est_seconds_per_token);
-      Say(line);
+      std::snprintf(line, sizeof line, "estimated compute per token: %.2f ms", 1e3 * planned.view.est_seconds_per_token);
+      say(line);
     }
 
+    // The prefix this conversation's caches can keep: only under the same plan.
+    const std::string sig = PlanSignature(stages, ctx);
+    int keep = 0;
+    if (attempt == 0 && slot.plan_sig == sig && slot.stage)
+      keep = static_cast<int>(std::min(CommonPrefix(slot.ids, r.prompt_ids), r.prompt_ids.size() - 1));
+    const uint64_t keep_tag = IdsTag(slot.ids);
+
     // Assign every other stage; each fetches its own layers itself.
-    ++turn_;
-    std::map<int, bool> ready;
+    ++turn;
+    std::map<int, int32_t> ready;  // stage -> positions it kept
     auto assignment_for = [&](size_t i) {
       wire::Assignment a;
-      a.turn = turn_;
-      a.model_id = source_->ModelId();
-      a.revision = source_->Revision();
-      a.spec_hash = spec_hash_;
-      a.model_hash = model_hash_;
-      a.ctx = ctx_;
+      a.turn = turn;
+      a.model_id = source->ModelId();
+      a.revision = source->Revision();
+      a.spec_hash = spec_hash;
+      a.model_hash = model_hash;
+      a.ctx = ctx;
       a.stages = stages;
       a.your_stage = static_cast<int32_t>(i);
+      a.cache_key = slot.key;
+      a.keep = keep;
+      a.keep_tag = keep_tag;
       return a;
     };
     for (size_t i = 1; i < stages.size(); ++i) {
-      daisy::Status sent = ep_->Send(stages[i].address, wire::Message(assignment_for(i)), 3000);
+      Status sent = ep->Send(stages[i].address, wire::Message(assignment_for(i)), 3000);
       if (!sent.ok()) {
-        suspects_.insert(stages[i].device_id);
+        suspects.insert(stages[i].device_id);
         return Unavailable("could not reach " + stages[i].device_id.substr(0, 8) + ": " + sent.message());
       }
     }
     // The head's own slice meanwhile.
-    const auto& mine = plan.stages[0];
-    if (!head_weights_ || head_weights_->first() != mine.first || head_weights_->end() != mine.end) {
-      head_weights_.reset();
-      DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*source_, *info_, mine.first, mine.end, true,
-                                                                [&](const TransferProgress&) { room_->Beat(); }));
-      head_weights_ = std::make_unique<StageWeights>(std::move(w));
+    const auto& mine = planned.plan.stages[0];
+    if (!head_weights || head_weights->first() != mine.first || head_weights->end() != mine.end) {
+      // Every slot's HeadStage points at the old weights: the caches go with them.
+      for (auto& s : slots) {
+        s.stage.reset();
+        s.ids.clear();
+        s.plan_sig.clear();
+      }
+      head_weights.reset();
+      auto last = Clock::now() - std::chrono::seconds(1);
+      DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*source, *info, mine.first, mine.end, true, [&](const TransferProgress& p) {
+        room->Beat();
+        if (r.on_progress && (Since(last) > 0.25 || p.bytes_done >= p.bytes_total)) {
+          last = Clock::now();
+          r.on_progress({0, id, hello.name, std::min(p.bytes_done, p.bytes_total), p.bytes_total});
+        }
+      }));
+      head_weights = std::make_unique<StageWeights>(std::move(w));
     }
-    if (stages.size() > 1) Say("waiting for " + std::to_string(stages.size() - 1) + " stage(s) to fetch their layers");
+    if (!slot.stage || slot.stage->ctx() != ctx) {
+      slot.stage = std::make_unique<HeadStage>(*head_weights, ctx, nullptr);
+      keep = 0;
+    }
+    if (stages.size() > 1) say("waiting for " + std::to_string(stages.size() - 1) + " stage(s) to fetch their layers");
     const auto wait_start = Clock::now();
     auto last_busy = Clock::now() - std::chrono::seconds(10);
     bool said_busy = false;
-    while (static_cast<size_t>(ready.size()) + 1 < stages.size()) {
+    while (ready.size() + 1 < stages.size()) {
       // A stage busy with another head's turn said so: ask again every second.
       if (said_busy && Since(last_busy) > 1.0) {
         last_busy = Clock::now();
         for (size_t i = 1; i < stages.size(); ++i)
-          if (!ready.count(static_cast<int>(i))) (void)ep_->Send(stages[i].address, wire::Message(assignment_for(i)), 1000);
+          if (!ready.count(static_cast<int>(i))) (void)ep->Send(stages[i].address, wire::Message(assignment_for(i)), 1000);
       }
-      auto m = room_->Poll(100, 0);
+      auto m = room->Poll(100, 0);
       for (size_t i = 1; i < stages.size(); ++i)
-        if (!room_->Has(stages[i].device_id)) {
-          suspects_.insert(stages[i].device_id);
+        if (!room->Has(stages[i].device_id)) {
+          suspects.insert(stages[i].device_id);
           return Unavailable("stage " + std::to_string(i) + " (" + stages[i].device_id.substr(0, 8) + ") left before it was ready");
         }
       if (Since(wait_start) > 1800) return Unavailable("stages were not ready after 30 minutes");
       if (!m) continue;
-      if (auto* r = std::get_if<wire::Ready>(&*m)) ready[r->stage] = true;
-      if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) {
+      if (auto* rd = std::get_if<wire::Ready>(&*m)) {
+        if (rd->stage >= 1 && static_cast<size_t>(rd->stage) < stages.size()) ready[rd->stage] = rd->kept;
+      } else if (auto* pg = std::get_if<wire::Progress>(&*m)) {
+        if (pg->turn == turn && pg->stage >= 1 && static_cast<size_t>(pg->stage) < stages.size() && r.on_progress)
+          r.on_progress({pg->stage, stages[static_cast<size_t>(pg->stage)].device_id, planned.view.stages[static_cast<size_t>(pg->stage)].device_name,
+                         pg->bytes_done, pg->bytes_total});
+      } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) {
         if (e->code != wire::kErrBusy) return InvalidArgument("a stage refused its assignment: " + e->message);
         // Another head's turn holds the ring: wait for it, asking again every second.
-        if (!said_busy) Say("waiting for the turn in progress (" + e->message + ")");
+        if (!said_busy) say("waiting for the turn in progress (" + e->message + ")");
         said_busy = true;
         last_busy = Clock::now();
       }
     }
-    if (stages.size() > 1) Say("all stages ready");
+    if (stages.size() > 1) say("all stages ready");
+    // Every stage must hold the prefix: start where the shortest kept cache ends.
+    for (const auto& [stage, kept] : ready) keep = std::min<int>(keep, kept);
+    slot.stage->Truncate(keep);
+    if (keep > 0) say("prefix cache: reusing " + std::to_string(keep) + " of " + std::to_string(r.prompt_ids.size()) + " prompt positions");
 
-    NetLink link(*ep_, *room_, stages, static_cast<int32_t>(turn_), model_hash_, spec.hidden, o_.lap_timeout_s);
-    HeadStage head(*head_weights_, ctx_, stages.size() > 1 ? &link : nullptr);
-    Generator generator(head);
-    TextStream stream(*tokenizer_, report.prompt_ids);
+    NetLink link(*ep, *room, stages, static_cast<int32_t>(turn), model_hash, spec.hidden, o.lap_timeout_s);
+    slot.stage->set_link(stages.size() > 1 ? &link : nullptr);
+    struct Unlink {
+      HeadStage* s;
+      ~Unlink() { s->set_link(nullptr); }
+    } unlink{slot.stage.get()};
+    Generator generator(*slot.stage);
+    TextStream stream(*tokenizer, report.prompt_ids);
     std::vector<int32_t> ids;
-    auto show = [&](const std::string& piece) {
-      if (o_.on_text && !piece.empty()) o_.on_text(piece);
-    };
-    auto on_token = [&](int32_t id, std::span<const float>) {
-      ids.push_back(id);
-      show(stream.Add(id));
+    bool diverged = false;
+    auto on_token = [&](int32_t tid, std::span<const float>) {
+      ids.push_back(tid);
+      const std::string piece = stream.Add(tid);
+      if (ids.size() > emitted.size()) {
+        emitted.push_back(tid);
+        if (r.on_token) r.on_token(tid, piece);
+      } else if (emitted[ids.size() - 1] != tid) {
+        diverged = true;  // a replay must give the same ids; refuse to stream a different text
+      }
       const int32_t pos = static_cast<int32_t>(report.prompt_ids.size() + ids.size() - 1);
       for (size_t i = 1; i < stages.size(); ++i)
-        (void)ep_->Send(stages[i].address, wire::Message(wire::Token{static_cast<int32_t>(turn_), pos, id}), 500);
+        (void)ep->Send(stages[i].address, wire::Message(wire::Token{static_cast<int32_t>(turn), pos, tid}), 500);
     };
-    GenerateOptions g = gen;
     if (stages.size() > 1) {
       // Chunks of 16 positions, two in the ring at once: a long prompt keeps every stage busy.
-      if (g.prefill_chunk == 0) g.prefill_chunk = 16;
-      g.prefill_in_flight = 2;
+      if (gen.prefill_chunk == 0) gen.prefill_chunk = 16;
+      gen.prefill_in_flight = 2;
     }
-    auto result = generator.Generate(report.prompt_ids, g, on_token);
-    if (!result.ok()) {  // Unavailable: a ring fault, replayed once by Run() without that device
-      if (!link.failed_device().empty()) suspects_.insert(link.failed_device());
+    gen.first_position = keep;
+    const auto started = Clock::now();
+    auto result = generator.Generate(report.prompt_ids, gen, on_token);
+    const double wall = Since(started);
+    if (!result.ok()) {  // Unavailable: a ring fault, replayed once without that device
+      if (!link.failed_device().empty()) suspects.insert(link.failed_device());
       return result.status();
     }
-    show(stream.Finish());
+    if (diverged) return DataLoss("the replay produced different token ids than the first attempt");
+    if (r.on_token) {
+      const std::string tail = stream.Finish();
+      if (!tail.empty()) r.on_token(-1, tail);
+    } else {
+      stream.Finish();
+    }
+    // What every stage's cache holds now: the prompt and the generated ids that were fed.
+    std::vector<int32_t> fed = report.prompt_ids;
+    fed.insert(fed.end(), result->ids.begin(), result->ids.begin() + std::min<size_t>(result->ids.size(), static_cast<size_t>(result->decode_steps)));
+    const uint64_t tag = IdsTag(fed);
+    const auto reason = result->finish_reason == FinishReason::kStop ? wire::FinishReason::kStop : wire::FinishReason::kLength;
     for (size_t i = 1; i < stages.size(); ++i)
-      (void)ep_->Send(stages[i].address, wire::Message(wire::Done{static_cast<int32_t>(turn_), result->finish_reason == FinishReason::kStop ? wire::FinishReason::kStop : wire::FinishReason::kLength}), 500);
+      (void)ep->Send(stages[i].address, wire::Message(wire::Done{static_cast<int32_t>(turn), reason, static_cast<int32_t>(fed.size()), tag}), 500);
+    if (slot.stage->length() == static_cast<int>(fed.size())) {
+      slot.ids = std::move(fed);
+      slot.plan_sig = sig;
+    } else {
+      slot.ids.clear();
+      slot.plan_sig.clear();
+    }
     report.ids = result->ids;
     report.text = stream.Completion();
     report.finish_reason = std::string(FinishReasonName(result->finish_reason));
@@ -379,21 +662,45 @@ class Head {
     report.decode_seconds = result->decode_seconds;
     report.tokens_per_s = result->decode_seconds > 0 ? result->decode_steps / result->decode_seconds : 0;
     report.ring_hops = link.hops();
+    report.ring_positions = link.positions();
+    report.reused_positions = keep;
     report.laps = link.laps();
     report.lap_seconds = link.lap_seconds();
-    return daisy::Status::Ok();
+    // Each stage's share: the others say after done; the head's is what the laps did not take.
+    report.stage_latency.clear();
+    const int64_t steps = static_cast<int64_t>(result->decode_steps) + 1;
+    report.stage_latency.push_back({0, id, hello.name, steps, std::max(0.0, wall - link.lap_seconds())});
+    for (size_t i = 1; i < stages.size(); ++i)
+      report.stage_latency.push_back({static_cast<int>(i), stages[i].device_id, planned.view.stages[i].device_name, 0, 0});
+    size_t got = 0;
+    const auto stats_start = Clock::now();
+    while (got + 1 < stages.size() && Since(stats_start) < 0.5) {
+      auto m = room->Poll(20, 0);
+      if (!m) continue;
+      if (auto* st = std::get_if<wire::StageStats>(&*m); st && st->seq == static_cast<int32_t>(turn) && st->stage >= 1 &&
+                                                          static_cast<size_t>(st->stage) < stages.size()) {
+        auto& l = report.stage_latency[static_cast<size_t>(st->stage)];
+        if (l.hops == 0) ++got;
+        l.hops = st->hops;
+        l.compute_seconds = st->compute_seconds;
+      }
+    }
+    return Status::Ok();
   }
 
-  daisy::Status Verify(HeadReport& report, const GenerateOptions& gen) {
-    Say("verifying: running the whole model on this device");
-    const int all[] = {info_->spec.n_layers};
-    DAISY_ASSIGN_OR_RETURN(LocalPipeline local, LocalPipeline::Load(*source_, *info_, all, ctx_));
-    Generator g(local.head());
+  template <typename Say>
+  Status Verify(HeadReport& report, const GenerateOptions& gen, Say&& say) {
+    say("verifying: running the whole model on this device");
+    if (!verify_pipeline) {
+      const int all[] = {info->spec.n_layers};
+      DAISY_ASSIGN_OR_RETURN(LocalPipeline local, LocalPipeline::Load(*source, *info, all, ctx));
+      verify_pipeline = std::make_unique<LocalPipeline>(std::move(local));
+    }
+    Generator g(verify_pipeline->head());
     DAISY_ASSIGN_OR_RETURN(GenerateResult single, g.Generate(report.prompt_ids, gen));
     const auto& a = report.ids;
     const auto& b = single.ids;
-    size_t i = 0;
-    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    const size_t i = CommonPrefix(a, b);
     if (i == a.size() && i == b.size()) {
       report.verified = true;
       report.verify_message = "VERIFIED: the distributed run and the single-device run produced identical token ids.";
@@ -403,30 +710,72 @@ class Head {
                               (i < a.size() ? std::to_string(a[i]) : std::string("(end)")) + ", single-device " +
                               (i < b.size() ? std::to_string(b[i]) : std::string("(end)"));
     }
-    return daisy::Status::Ok();
+    return Status::Ok();
   }
-
-  const HeadOptions& o_;
-  std::string id_;
-  std::unique_ptr<net::Endpoint> ep_;
-  std::unique_ptr<Room> room_;
-  wire::Hello hello_;
-  std::unique_ptr<ModelSource> source_;
-  std::unique_ptr<ModelInfo> info_;
-  std::optional<Tokenizer> tokenizer_;
-  std::unique_ptr<StageWeights> head_weights_;
-  int ctx_ = 0;
-  uint32_t model_hash_ = 0;
-  uint64_t spec_hash_ = 0;
-  uint32_t turn_ = 0;
-  std::set<std::string> suspects_;  // devices that failed an attempt: not planned again
 };
 
-}  // namespace
+HeadSession::HeadSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HeadSession::~HeadSession() = default;
+
+Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->o = options;
+  DAISY_ASSIGN_OR_RETURN(impl->id, DeviceId(DeviceHome(), options.role));
+  DAISY_ASSIGN_OR_RETURN(impl->ep, net::Endpoint::Bind(options.bind_host, 0));
+  impl->room = std::make_unique<Room>(*impl->ep, options.rendezvous, impl->id);
+  // The head serves no other head's hops, so it does not offer itself as compute.
+  impl->hello = MeasureHello(impl->id, options.name, wire::kCapHead);
+  if (options.join_at_start) {
+    auto lock = impl->TakeTurn();
+    DAISY_RETURN_IF_ERROR(impl->JoinRoom());
+  }
+  Impl* raw = impl.get();
+  impl->idle = std::thread([raw] { raw->IdleLoop(); });
+  return std::unique_ptr<HeadSession>(new HeadSession(std::move(impl)));
+}
+
+const std::string& HeadSession::device_id() const { return impl_->id; }
+std::vector<wire::Peer> HeadSession::Peers() const { return impl_->room->peers(); }
+Result<ModelView> HeadSession::Load(const std::string& source, int ctx) { return impl_->Load(source, ctx); }
+std::optional<ModelView> HeadSession::model() const {
+  std::lock_guard<std::mutex> state(impl_->state_mu);
+  return impl_->view;
+}
+std::shared_ptr<const Tokenizer> HeadSession::tokenizer() const {
+  std::lock_guard<std::mutex> state(impl_->state_mu);
+  return impl_->tokenizer;
+}
+Result<PlanView> HeadSession::PreviewPlan(std::optional<int> stages) const { return impl_->PreviewPlan(stages); }
+Result<HeadReport> HeadSession::Generate(const TurnRequest& request) { return impl_->Generate(request); }
+void HeadSession::ClearCache() {
+  auto lock = impl_->TakeTurn();
+  impl_->slots.clear();
+}
+
 
 Result<HeadReport> RunHead(const HeadOptions& options) {
-  Head head(options);
-  return head.Run();
+  SessionOptions so;
+  so.rendezvous = options.rendezvous;
+  so.room = options.room;
+  so.name = options.name;
+  so.bind_host = options.bind_host;
+  so.hub = options.hub;
+  so.lap_timeout_s = options.lap_timeout_s;
+  so.stages = options.stages;
+  so.plan = options.plan;
+  so.wait_s = options.wait_s;
+  so.cache_slots = 1;
+  so.join_at_start = false;  // the model first: a bad SRC is refused before the room is joined
+  DAISY_ASSIGN_OR_RETURN(std::unique_ptr<HeadSession> session, HeadSession::Start(so));
+  DAISY_ASSIGN_OR_RETURN(ModelView view, session->Load(options.model, options.ctx));
+  (void)view;
+  TurnRequest r;
+  DAISY_ASSIGN_OR_RETURN(r.prompt_ids, session->tokenizer()->Encode(options.prompt, true));
+  r.generate = options.generate;
+  r.verify = options.verify;
+  if (options.on_text) r.on_token = [&](int32_t, std::string_view text) { options.on_text(text); };
+  r.on_status = options.on_status;
+  return session->Generate(r);
 }
 
 }  // namespace daisy

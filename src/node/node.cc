@@ -1,4 +1,5 @@
 // The ring member loop: join, hello, assignment, fetch own layers, ready, serve hops.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -28,8 +29,15 @@ struct Slice {
   std::unique_ptr<ModelSource> source;
   std::unique_ptr<ModelInfo> info;
   std::unique_ptr<StageWeights> weights;
-  std::unique_ptr<KvCache> kv;
   std::optional<Tokenizer> tokenizer;
+};
+
+// One conversation's KV on this stage (the prefix cache).
+struct CacheSlot {
+  uint64_t key = 0;
+  std::unique_ptr<KvCache> kv;
+  std::optional<uint64_t> tag;  // hash of the ids in kv, as the head's last done said
+  uint64_t last_used = 0;
 };
 
 class Node {
@@ -122,7 +130,30 @@ class Node {
       return;
     }
     busy_head_ = head_id_;
-    (void)ep_->Send(head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes()}), 2000);
+    (void)ep_->Send(head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes(), kept_}), 2000);
+  }
+
+  // The assignment's cache: the conversation's slot, its first `keep` positions kept only
+  // when its tag is the one the head expects.
+  void SelectCache(const wire::Assignment& a) {
+    const ModelSpec& spec = slice_.info->spec;
+    CacheSlot* slot = nullptr;
+    for (auto& s : slots_)
+      if (s.key == a.cache_key) slot = &s;
+    if (!slot) {
+      if (static_cast<int>(slots_.size()) >= std::max(1, o_.cache_slots)) {
+        auto lru = std::min_element(slots_.begin(), slots_.end(), [](const CacheSlot& x, const CacheSlot& y) { return x.last_used < y.last_used; });
+        slots_.erase(lru);
+      }
+      slots_.push_back(CacheSlot{a.cache_key, std::make_unique<KvCache>(spec, slice_.first, slice_.end, a.ctx), std::nullopt, 0});
+      slot = &slots_.back();
+    }
+    slot->last_used = ++use_clock_;
+    kept_ = (slot->tag && *slot->tag == a.keep_tag && slot->kv->length() >= a.keep) ? a.keep : 0;
+    slot->kv->Truncate(kept_);
+    slot->tag.reset();  // the cache changes from here; done files the new tag
+    kv_ = slot->kv.get();
+    cache_key_ = a.cache_key;
   }
 
   Status Assign(const wire::Assignment& a) {
@@ -137,6 +168,8 @@ class Node {
       stream_.reset();  // it refers to the tokenizer about to go
       printed_seq_ = -1;
       slice_ = Slice{};
+      slots_.clear();
+      kv_ = nullptr;
       HubOptions hub = o_.hub;
       std::string src = a.model_id;
       if (src[0] != '/') {
@@ -162,12 +195,18 @@ class Node {
     const auto& me = a.stages[static_cast<size_t>(a.your_stage)];
     if (!slice_.weights || slice_.first != me.first || slice_.end != me.end) {
       slice_.weights.reset();
-      slice_.kv.reset();
+      slots_.clear();
+      kv_ = nullptr;
       std::fprintf(stderr, "node %s: fetching layers [%d, %d) of %s\n", hello_.name.c_str(), me.first, me.end, a.model_id.c_str());
       auto started = Clock::now();
+      auto last_progress = Clock::now() - std::chrono::seconds(1);
       ProgressFn progress = [&](const TransferProgress& p) {
-        // Keep heartbeats going through a long download.
+        // Keep heartbeats going through a long download, and tell the head how far it is.
         if (Clock::now() - last_beat_ > std::chrono::seconds(1)) Beat();
+        if (Clock::now() - last_progress > std::chrono::milliseconds(250) || p.bytes_done == p.bytes_total) {
+          last_progress = Clock::now();
+          (void)ep_->Send(head_address_, wire::Message(wire::Progress{a.turn, a.your_stage, std::min(p.bytes_done, p.bytes_total), p.bytes_total}), 200);
+        }
         if (Clock::now() - started > std::chrono::seconds(2) && p.bytes_total > 0) {
           std::fprintf(stderr, "\rnode %s: %5.1f%% of %.1f MB", hello_.name.c_str(),
                        100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total),
@@ -182,13 +221,17 @@ class Node {
       std::fprintf(stderr, "node %s: holding layers [%d, %d): %.2f MB resident\n", hello_.name.c_str(), me.first, me.end,
                    static_cast<double>(slice_.weights->Bytes()) / 1e6);
     }
-    if (!slice_.kv || slice_.ctx != a.ctx) {
-      slice_.kv = std::make_unique<KvCache>(spec, me.first, me.end, a.ctx);
+    if (slice_.ctx != a.ctx) {
+      slots_.clear();
+      kv_ = nullptr;
       slice_.ctx = a.ctx;
     }
+    SelectCache(a);
     stage_ = a.your_stage;
     stages_ = a.stages;
-    seq_ = -1;
+    seq_ = static_cast<int32_t>(a.turn);
+    hops_ = 0;
+    compute_seconds_ = 0;
     return Status::Ok();
   }
 
@@ -200,18 +243,18 @@ class Node {
     if (!slice_.weights) return refuse("no layers assigned");
     if (a.model_hash != slice_.model_hash) return refuse("model_hash mismatch: this device holds a slice of another model");
     if (a.next != stage_) return refuse("the hop is for stage " + std::to_string(a.next) + ", this device is stage " + std::to_string(stage_));
-    if (a.seq != seq_) {
-      slice_.kv->Truncate(0);  // a new turn starts from position 0
-      seq_ = a.seq;
-    }
+    if (a.seq != seq_ || !kv_) return refuse("a hop of turn " + std::to_string(a.seq) + ", not of the turn assigned");
     const int hidden = slice_.info->spec.hidden;
     HiddenStates h;
     h.hidden = hidden;
     const int n = static_cast<int>(a.values.size()) / hidden;
     for (int i = 0; i < n; ++i) h.positions.push_back(a.token_index + i);
     h.values = std::move(a.values);
-    Status st = RunLayers(*slice_.weights, slice_.first, slice_.end, h, *slice_.kv);
+    const auto started = Clock::now();
+    Status st = RunLayers(*slice_.weights, slice_.first, slice_.end, h, *kv_);
     if (!st.ok()) return refuse(st.message());
+    compute_seconds_ += std::chrono::duration<double>(Clock::now() - started).count();
+    ++hops_;
     // Fault-injection hook for the ring tests: a slow stage makes "kill it mid-turn"
     // deterministic. Never set outside tests.
     if (hop_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hop_delay_ms_));
@@ -246,6 +289,13 @@ class Node {
 
   void On(wire::Done& d) {
     busy_head_.clear();  // the turn is over: the next head may have the ring
+    if (d.seq == seq_ && kv_) {
+      // File the conversation's tag so its next turn can keep this prefix.
+      for (auto& s : slots_)
+        if (s.key == cache_key_ && s.kv.get() == kv_ && kv_->length() == d.cached) s.tag = d.cache_tag;
+      if (!head_address_.empty())
+        (void)ep_->Send(head_address_, wire::Message(wire::StageStats{d.seq, stage_, hops_, compute_seconds_}), 500);
+    }
     if (o_.print_tokens && d.seq == printed_seq_) {
       if (stream_) std::fputs(stream_->Finish().c_str(), stdout);
       std::fputs("\n", stdout);
@@ -258,6 +308,8 @@ class Node {
   void On(wire::Hello&) {}
   void On(wire::Ready&) {}
   void On(wire::Join&) {}
+  void On(wire::Progress&) {}
+  void On(wire::StageStats&) {}
 
   const NodeOptions& o_;
   int hop_delay_ms_ = 0;
@@ -271,7 +323,14 @@ class Node {
   Slice slice_;
   int stage_ = -1;
   std::vector<wire::StageEntry> stages_;
-  int32_t seq_ = -1;
+  int32_t seq_ = -1;  // the turn assigned
+  std::vector<CacheSlot> slots_;
+  uint64_t use_clock_ = 0;
+  KvCache* kv_ = nullptr;  // the assigned turn's cache (a slot's)
+  uint64_t cache_key_ = 0;
+  int32_t kept_ = 0;
+  int64_t hops_ = 0;
+  double compute_seconds_ = 0;
   int32_t printed_seq_ = -1;
   std::unique_ptr<TextStream> stream_;  // the token stream of the current turn, as text
 };

@@ -167,6 +167,8 @@ std::string_view TagName(int32_t tag) {
     case Tag::kBye: return "bye";
     case Tag::kJoin: return "join";
     case Tag::kPeers: return "peers";
+    case Tag::kProgress: return "progress";
+    case Tag::kStageStats: return "stage_stats";
   }
   return "unknown";
 }
@@ -214,10 +216,14 @@ std::vector<uint8_t> Encode(const Message& message) {
             w.I32(s.end);
           }
           w.I32(m.your_stage);
+          w.U64(m.cache_key);
+          w.I32(m.keep);
+          w.U64(m.keep_tag);
         } else if constexpr (std::is_same_v<T, Ready>) {
           w.I32(static_cast<int32_t>(Tag::kReady));
           w.I32(m.stage);
           w.U64(m.bytes_held);
+          w.I32(m.kept);
         } else if constexpr (std::is_same_v<T, Activation>) {
           w.I32(static_cast<int32_t>(Tag::kActivation));
           w.I32(m.seq);
@@ -235,6 +241,20 @@ std::vector<uint8_t> Encode(const Message& message) {
           w.I32(static_cast<int32_t>(Tag::kDone));
           w.I32(m.seq);
           w.U8(static_cast<uint8_t>(m.reason));
+          w.I32(m.cached);
+          w.U64(m.cache_tag);
+        } else if constexpr (std::is_same_v<T, Progress>) {
+          w.I32(static_cast<int32_t>(Tag::kProgress));
+          w.U32(m.turn);
+          w.I32(m.stage);
+          w.U64(m.bytes_done);
+          w.U64(m.bytes_total);
+        } else if constexpr (std::is_same_v<T, StageStats>) {
+          w.I32(static_cast<int32_t>(Tag::kStageStats));
+          w.I32(m.seq);
+          w.I32(m.stage);
+          w.U64(static_cast<uint64_t>(m.hops));
+          w.F64(m.compute_seconds);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
           w.I32(static_cast<int32_t>(Tag::kHeartbeat));
           w.U64(m.millis);
@@ -323,6 +343,10 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
         m.stages.push_back(std::move(s));
       }
       m.your_stage = r.I32("your_stage");
+      m.cache_key = r.U64("cache_key");
+      m.keep = r.I32("keep");
+      m.keep_tag = r.U64("keep_tag");
+      if (r.ok() && (m.keep < 0 || m.keep > m.ctx)) r.Fail("keep " + std::to_string(m.keep) + " is outside [0, ctx]");
       if (r.ok() && m.ctx <= 0) r.Fail("ctx must be positive");
       if (r.ok() && !SafeModelId(m.model_id)) r.Fail("model_id '" + m.model_id + "' is not a repo id (owner/name) or an absolute path");
       if (r.ok() && (m.your_stage < 0 || static_cast<size_t>(m.your_stage) >= m.stages.size()))
@@ -342,7 +366,9 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
       Ready m;
       m.stage = r.I32("stage");
       m.bytes_held = r.U64("bytes_held");
+      m.kept = r.I32("kept");
       if (r.ok() && m.stage < 0) r.Fail("negative stage");
+      if (r.ok() && m.kept < 0) r.Fail("negative kept");
       out = m;
       break;
     }
@@ -397,6 +423,31 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
       const uint8_t reason = r.U8("finish_reason");
       if (r.ok() && reason > static_cast<uint8_t>(FinishReason::kError)) r.Fail("unknown finish_reason " + std::to_string(reason));
       m.reason = static_cast<FinishReason>(reason);
+      m.cached = r.I32("cached");
+      m.cache_tag = r.U64("cache_tag");
+      if (r.ok() && m.cached < 0) r.Fail("negative cached");
+      out = m;
+      break;
+    }
+    case Tag::kProgress: {
+      Progress m;
+      m.turn = r.U32("turn");
+      m.stage = r.I32("stage");
+      m.bytes_done = r.U64("bytes_done");
+      m.bytes_total = r.U64("bytes_total");
+      if (r.ok() && m.stage < 0) r.Fail("negative stage");
+      if (r.ok() && m.bytes_done > m.bytes_total) r.Fail("bytes_done exceeds bytes_total");
+      out = m;
+      break;
+    }
+    case Tag::kStageStats: {
+      StageStats m;
+      m.seq = r.I32("seq");
+      m.stage = r.I32("stage");
+      m.hops = static_cast<int64_t>(r.U64("hops"));
+      m.compute_seconds = r.F64("compute_seconds");
+      if (r.ok() && (m.stage < 0 || m.hops < 0)) r.Fail("negative stage or hops");
+      if (r.ok() && !(std::isfinite(m.compute_seconds) && m.compute_seconds >= 0)) r.Fail("compute_seconds is not a finite non-negative number");
       out = m;
       break;
     }

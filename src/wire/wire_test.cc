@@ -66,6 +66,24 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(a.your_stage, 1);
   EXPECT_EQ(a.model_id, "HuggingFaceTB/SmolLM2-135M");
   EXPECT_EQ(RoundTrip(Ready{2, 99}).bytes_held, 99u);
+  EXPECT_EQ(RoundTrip(Ready{2, 99, 17}).kept, 17);
+  Assignment with_cache = MakeAssignment();
+  with_cache.cache_key = 0x1122334455667788ull;
+  with_cache.keep = 12;
+  with_cache.keep_tag = 0x99ull;
+  Assignment wc = RoundTrip(with_cache);
+  EXPECT_EQ(wc.cache_key, with_cache.cache_key);
+  EXPECT_EQ(wc.keep, 12);
+  EXPECT_EQ(wc.keep_tag, 0x99ull);
+  Done dc = RoundTrip(Done{1, FinishReason::kStop, 40, 0xabcdefull});
+  EXPECT_EQ(dc.cached, 40);
+  EXPECT_EQ(dc.cache_tag, 0xabcdefull);
+  Progress pr = RoundTrip(Progress{3, 1, 500, 1000});
+  EXPECT_EQ(pr.bytes_done, 500u);
+  EXPECT_EQ(pr.bytes_total, 1000u);
+  StageStats ss = RoundTrip(StageStats{3, 2, 64, 0.125});
+  EXPECT_EQ(ss.hops, 64);
+  EXPECT_EQ(ss.compute_seconds, 0.125);
   Activation act = MakeActivation(3, 16);
   Activation act2 = RoundTrip(act, 16);
   ASSERT_EQ(act2.values.size(), act.values.size());
@@ -82,6 +100,15 @@ TEST(Wire, EveryMessageRoundTrips) {
   Peers ps = RoundTrip(Peers{"room-1", {Peer{"tcp://127.0.0.1:4444", h}, Peer{"tcp://10.0.0.2:9", h}}});
   ASSERT_EQ(ps.peers.size(), 2u);
   EXPECT_EQ(ps.peers[1].address, "tcp://10.0.0.2:9");
+}
+
+TEST(Wire, RefusesImpossibleCacheAndProgressFields) {
+  Assignment a = MakeAssignment();
+  a.keep = a.ctx + 1;
+  ExpectRefused(Encode(Message(a)), "keep");
+  ExpectRefused(Encode(Message(Progress{1, 1, 2000, 1000})), "bytes_done exceeds bytes_total");
+  ExpectRefused(Encode(Message(StageStats{1, 1, 3, -1.0})), "compute_seconds");
+  ExpectRefused(Encode(Message(Done{1, FinishReason::kStop, -4, 0})), "negative cached");
 }
 
 TEST(Wire, RefusesAddressesThatAreNotTcpHostPort) {
@@ -186,7 +213,8 @@ TEST(Wire, MutatedFramesNeverCrashTheDecoder) {
   std::vector<std::vector<uint8_t>> seeds = {
       Encode(Message(MakeAssignment())), Encode(Message(MakeActivation(2, 8))),
       Encode(Message(Hello{kProtocolVersion, 1, 1.0, 2, 3, "scalar", "id", "n"})), Encode(Message(ErrorMsg{1, "x"})),
-      Encode(Message(Done{1, FinishReason::kStop})),
+      Encode(Message(Done{1, FinishReason::kStop})), Encode(Message(Progress{1, 1, 2, 3})),
+      Encode(Message(StageStats{1, 1, 2, 0.5})),
       Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:4444", Hello{kProtocolVersion, 1, 1.0, 2, 3, "s", "i", "n"}}}}))};
   std::mt19937_64 rng(1234);
   int accepted = 0;

@@ -1,0 +1,186 @@
+// The long-lived head (HeadSession) over a real ring in this process: a rendezvous and two
+// nodes on 127.0.0.1 sockets. The prefix cache must send fewer positions around the ring
+// and give the same ids as a fresh run.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "daisy/head.h"
+#include "daisy/net.h"
+#include "daisy/node.h"
+
+namespace daisy {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Stories() { return std::string(std::getenv("DAISY_MODELS")) + "/stories260K"; }
+
+class SessionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/daisy_session_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    home_ = new fs::path(tmpl);
+    ::setenv("DAISY_HOME", home_->c_str(), 1);
+    net::RendezvousOptions ro;
+    ro.port = 0;
+    ro.auto_approve = true;
+    auto rv = net::Rendezvous::Start(ro);
+    ASSERT_TRUE(rv.ok()) << rv.status().message();
+    rendezvous_ = rv->release();
+    for (const char* role : {"node-a", "node-b"}) {
+      nodes_.emplace_back([role] {
+        NodeOptions o;
+        o.role = role;
+        o.name = role;
+        o.rendezvous = rendezvous_->address();
+        o.print_tokens = false;
+        o.stop = &stop_;
+        o.hub.cache_dir = (*home_ / role).string();
+        Status st = RunNode(o);
+        if (!st.ok()) std::fprintf(stderr, "node %s: %s\n", role, st.message().c_str());
+      });
+    }
+    SessionOptions so;
+    so.rendezvous = rendezvous_->address();
+    so.name = "test-head";
+    so.stages = 3;
+    so.wait_s = 20;
+    auto s = HeadSession::Start(so);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    session_ = s->release();
+    auto v = session_->Load(Stories(), 256);
+    ASSERT_TRUE(v.ok()) << v.status().message();
+  }
+  static void TearDownTestSuite() {
+    delete session_;
+    stop_ = true;
+    for (auto& t : nodes_) t.join();
+    delete rendezvous_;
+    std::error_code ec;
+    fs::remove_all(*home_, ec);
+    delete home_;
+  }
+
+  static std::vector<int32_t> Encode(const std::string& text, bool bos = true) {
+    auto ids = session_->tokenizer()->Encode(text, bos);
+    EXPECT_TRUE(ids.ok());
+    return *ids;
+  }
+  static HeadReport Turn(const std::vector<int32_t>& prompt, const std::string& conversation, int max_tokens = 24,
+                         bool verify = false) {
+    TurnRequest r;
+    r.prompt_ids = prompt;
+    r.conversation = conversation;
+    r.generate.max_tokens = max_tokens;
+    r.verify = verify;
+    auto rep = session_->Generate(r);
+    EXPECT_TRUE(rep.ok()) << rep.status().message();
+    return rep.ok() ? *rep : HeadReport{};
+  }
+
+  static inline fs::path* home_ = nullptr;
+  static inline net::Rendezvous* rendezvous_ = nullptr;
+  static inline std::vector<std::thread> nodes_;
+  static inline std::atomic<bool> stop_{false};
+  static inline HeadSession* session_ = nullptr;
+};
+
+TEST_F(SessionTest, TheModelViewAndPlanComeFromHeadersOnly) {
+  auto m = session_->model();
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->spec.n_layers, 5);
+  EXPECT_GT(m->parameters, 200000u);
+  EXPECT_EQ(m->ctx, 256);
+  auto plan = session_->PreviewPlan();
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_EQ(plan->stages.size(), 3u);
+  EXPECT_TRUE(plan->fits);
+  EXPECT_EQ(plan->stages[0].device_id, session_->device_id());
+  EXPECT_EQ(plan->stages[2].end, 5);
+  EXPECT_GT(plan->hold_bytes[1], 0u);
+  // A split the room cannot give is a warning, not a crash.
+  auto too_many = session_->PreviewPlan(9);
+  ASSERT_TRUE(too_many.ok());
+  EXPECT_FALSE(too_many->fits);
+  EXPECT_FALSE(too_many->warning.empty());
+}
+
+TEST_F(SessionTest, ASecondTurnReusesThePrefixAndGivesTheFreshIds) {
+  const auto p1 = Encode("Once upon a time, there was a little girl");
+  HeadReport t1 = Turn(p1, "chat-1");
+  ASSERT_EQ(t1.plan.size(), 3u);
+  EXPECT_EQ(t1.reused_positions, 0);
+  ASSERT_FALSE(t1.ids.empty());
+  // The second turn: the whole first turn plus more text.
+  std::vector<int32_t> p2 = p1;
+  p2.insert(p2.end(), t1.ids.begin(), t1.ids.end());
+  const auto more = Encode(" One day, she saw a big dog.", false);
+  p2.insert(p2.end(), more.begin(), more.end());
+  HeadReport t2 = Turn(p2, "chat-1", 24, /*verify=*/true);
+  // Everything the first turn fed is kept (its last token was sampled, never fed).
+  EXPECT_EQ(t2.reused_positions, static_cast<int>(p1.size() + t1.ids.size() - 1));
+  ASSERT_TRUE(t2.verified.has_value());
+  EXPECT_TRUE(*t2.verified) << t2.verify_message;
+  // A fresh run of the same prompt under another conversation key: nothing reused.
+  HeadReport fresh = Turn(p2, "chat-fresh");
+  EXPECT_EQ(fresh.reused_positions, 0);
+  EXPECT_EQ(fresh.ids, t2.ids);
+  EXPECT_LT(t2.ring_positions, fresh.ring_positions);
+  EXPECT_EQ(fresh.ring_positions - t2.ring_positions, t2.reused_positions);
+  std::printf("positions through the ring: fresh %lld, with the prefix cache %lld (reused %d)\n",
+              static_cast<long long>(fresh.ring_positions), static_cast<long long>(t2.ring_positions), t2.reused_positions);
+}
+
+TEST_F(SessionTest, TwoChatsDoNotEraseEachOther) {
+  const auto a = Encode("The cat sat on the mat and");
+  const auto b = Encode("Tom had a red ball. He");
+  HeadReport a1 = Turn(a, "chat-a", 8);
+  HeadReport b1 = Turn(b, "chat-b", 8);
+  std::vector<int32_t> a2 = a;
+  a2.insert(a2.end(), a1.ids.begin(), a1.ids.end());
+  HeadReport a2r = Turn(a2, "chat-a", 8);
+  EXPECT_EQ(a2r.reused_positions, static_cast<int>(a.size() + a1.ids.size() - 1));
+  std::vector<int32_t> b2 = b;
+  b2.insert(b2.end(), b1.ids.begin(), b1.ids.end());
+  HeadReport b2r = Turn(b2, "chat-b", 8, /*verify=*/true);
+  EXPECT_EQ(b2r.reused_positions, static_cast<int>(b.size() + b1.ids.size() - 1));
+  EXPECT_TRUE(b2r.verified.value_or(false)) << b2r.verify_message;
+}
+
+TEST_F(SessionTest, ADivergingPromptKeepsOnlyTheCommonPrefixAndStaysExact) {
+  const auto p = Encode("Lily wanted to play outside in the park");
+  HeadReport t1 = Turn(p, "chat-d", 12);
+  // Same start, different ending: only the shared positions may be kept.
+  const auto q = Encode("Lily wanted to eat a big red apple");
+  size_t common = 0;
+  while (common < p.size() && common < q.size() && p[common] == q[common]) ++common;
+  ASSERT_GT(common, 1u);
+  ASSERT_LT(common, q.size());
+  HeadReport t2 = Turn(q, "chat-d", 12, /*verify=*/true);
+  EXPECT_EQ(t2.reused_positions, static_cast<int>(common));
+  EXPECT_TRUE(t2.verified.value_or(false)) << t2.verify_message;
+  // Without a conversation key, the slot with the longest shared prefix is found.
+  std::vector<int32_t> q2 = q;
+  q2.insert(q2.end(), t2.ids.begin(), t2.ids.end());
+  HeadReport t3 = Turn(q2, "", 6, /*verify=*/true);
+  EXPECT_GT(t3.reused_positions, static_cast<int>(q.size()));
+  EXPECT_TRUE(t3.verified.value_or(false)) << t3.verify_message;
+}
+
+TEST_F(SessionTest, EveryStageReportsItsShareOfTheTurn) {
+  HeadReport r = Turn(Encode("A small bird"), "chat-s", 10);
+  ASSERT_EQ(r.stage_latency.size(), 3u);
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_GT(r.stage_latency[i].hops, 0) << "stage " << i;
+    EXPECT_GT(r.stage_latency[i].compute_seconds, 0) << "stage " << i;
+  }
+}
+
+}  // namespace
+}  // namespace daisy
