@@ -3,11 +3,13 @@
 #   make test   build and run every test (plus the parsers under ASan+UBSan)
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 BIN        := $(BUILD)/apps/cli/daisychain
 
-.PHONY: all deps configure build test test-unit test-asan demo bench clean
+.PHONY: all deps configure build test test-unit test-asan fuzz-build fuzz fuzz-smoke demo bench clean
 
 all: build
 
@@ -32,7 +34,22 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target daisy_parser_tests
 	ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) -L parser
 
-test: test-unit test-asan
+# libFuzzer targets (clang, ASan+UBSan): the safetensors header, config -> spec, the
+# tokenizer, the wire decoder and the chat-template parser (fuzz/).
+fuzz-build: deps
+	cmake -S . -B $(FUZZ_BUILD) $(CMAKE_GEN) -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+	  -DDAISY_FUZZ=ON -DDAISY_BUILD_TESTS=OFF -DDAISY_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target daisy_fuzzers
+
+# Each target for FUZZ_SECONDS (default 600).
+fuzz: fuzz-build
+	FUZZ_BUILD=$(FUZZ_BUILD) bash scripts/fuzz.sh run $(FUZZ_SECONDS)
+
+# make test: replay the seeds and every regression input, then a few seconds of each.
+fuzz-smoke: fuzz-build
+	FUZZ_BUILD=$(FUZZ_BUILD) bash scripts/fuzz.sh smoke 5
+
+test: test-unit test-asan fuzz-smoke
 
 demo: build
 	$(BIN) demo
@@ -41,4 +58,4 @@ bench: build
 	$(BIN) bench
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -26,6 +26,8 @@ struct RunFlags {
   int stages = 0;
   std::string plan;
   bool verify = false;
+  double audit = 0;
+  uint64_t audit_seed = 0;
   bool json = false;
   bool no_cache = false;
 };
@@ -70,6 +72,8 @@ int RunRun(const RunFlags& f) {
     o.plan = *plan;
   }
   o.verify = f.verify;
+  o.audit_rate = f.audit;
+  o.audit_seed = f.audit_seed;
   o.on_status = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); };
   if (!f.json) {
     std::printf("%s", f.prompt.c_str());
@@ -100,6 +104,11 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
       ->check(CLI::Range(1, 256));
   sub->add_option("--plan", f->plan, "Layers per stage, this device first, e.g. 2,2,1");
   sub->add_flag("--verify", f->verify, "Afterwards run the whole model here and compare the token ids");
+  sub->add_option("--audit", f->audit,
+                  "Re-run this share of hops (0..1, drawn after each lap) here from the stage's own inputs and compare the bits; "
+                  "a stage caught is excluded and the turn replayed")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--audit-seed", f->audit_seed, "Seed of the audit draw (default: random)");
   sub->add_flag("--json", f->json, "Print one JSON object at the end instead of streaming text");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
   return [f] { return RunRun(*f); };

@@ -38,7 +38,12 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
                           {"ring_hops", r.ring_hops},
                           {"laps", r.laps},
                           {"lap_seconds", r.lap_seconds},
-                          {"replays", r.replays}};
+                          {"replays", r.replays},
+                          {"ring_positions", r.ring_positions},
+                          {"reused_positions", r.reused_positions},
+                          {"audited_hops", r.audited_hops},
+                          {"recomputed_hops", r.recomputed_hops},
+                          {"audit_failures", r.audit_failures}};
     if (verify) out["verified"] = r.verified.value_or(false);
     std::printf("%s\n", out.dump().c_str());
     return;
@@ -46,6 +51,10 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
   std::printf("\n\n%zu tokens (%s), %.1f tok/s decode, %lld ring hops in %lld laps%s\n", r.ids.size(), r.finish_reason.c_str(),
               r.tokens_per_s, static_cast<long long>(r.ring_hops), static_cast<long long>(r.laps),
               r.replays ? ", replayed once after a stage dropped" : "");
+  if (r.audited_hops > 0)
+    std::printf("audit: %lld hop(s) drawn, %lld re-run and compared bit for bit%s\n", static_cast<long long>(r.audited_hops),
+                static_cast<long long>(r.recomputed_hops), r.audit_failures.empty() ? ", all exact" : "");
+  for (const auto& f : r.audit_failures) std::printf("%s\n", f.c_str());
   if (verify) std::printf("%s\n", r.verify_message.c_str());
   std::fflush(stdout);
 }

@@ -38,6 +38,8 @@ struct HeadOptions {
   std::optional<int> stages;            // split over exactly N devices (incl. the head)
   std::optional<std::vector<int>> plan; // layers per stage, head first
   bool verify = false;
+  double audit_rate = 0;                // --audit RATE
+  uint64_t audit_seed = 0;
   double wait_s = 30;                   // how long --stages waits for devices
   double lap_timeout_s = 60;            // a lap that takes longer has stalled
   std::function<void(std::string_view)> on_text;    // streamed text as tokens arrive
@@ -77,6 +79,9 @@ struct HeadReport {
   int64_t laps = 0;
   double lap_seconds = 0;       // wall time inside laps (transport + remote compute)
   int replays = 0;
+  int64_t audited_hops = 0;     // (lap, stage) pairs drawn for the audit
+  int64_t recomputed_hops = 0;  // hops re-run by the head and compared bit for bit
+  std::vector<std::string> audit_failures;  // which stage, which hop
   std::optional<bool> verified;
   std::string verify_message;   // the VERIFIED line or the first mismatch
 };
@@ -97,6 +102,10 @@ struct SessionOptions {
   std::optional<std::vector<int>> plan; // layers per stage, head first
   double wait_s = 30;                   // how long `stages` waits for devices
   bool join_at_start = true;            // false: join at the first turn (a bad model fails first)
+  // Stage audit: this share of (lap, stage) pairs, drawn after the lap, is re-run on the
+  // head from the stage's own inputs and compared bit for bit (docs/ARCHITECTURE.md).
+  double audit_rate = 0;
+  uint64_t audit_seed = 0;              // the draw's seed (0: from std::random_device)
 };
 
 // What Load read: config, tokenizer and headers only.
@@ -143,6 +152,9 @@ struct TurnRequest {
   std::function<void(int32_t id, std::string_view text)> on_token;
   std::function<void(std::string_view line)> on_status;
   std::function<void(const StageProgress&)> on_progress;
+  // An audit found a corrupted hop: only the first `kept` streamed tokens stand; the
+  // replay streams the rest again.
+  std::function<void(size_t kept)> on_retract;
 };
 
 // The long-lived head. Thread-safe: turns run one at a time (Generate blocks until the

@@ -45,6 +45,9 @@ struct NodeOptions {
   bool print_tokens = true;        // print the token stream as it arrives
   const std::atomic<bool>* stop = nullptr;  // stops the loop when it becomes true
   int cache_slots = 4;             // conversations whose KV this device keeps (prefix cache)
+  // Fault injection for the audit tests only: flip one bit of every Nth hop's output.
+  // 0 = off; the environment variable DAISY_TEST_FLIP_EVERY sets it too.
+  int test_flip_every = 0;
 };
 
 // Runs the member loop until *options.stop is true. Survives a head that disappears and

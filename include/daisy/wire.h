@@ -30,6 +30,9 @@ enum class Tag : int32_t {
   kPeers = -30,
   kProgress = -31,
   kStageStats = -32,
+  kHopDigest = -33,
+  kAuditRequest = -34,
+  kAuditData = -35,
 };
 
 inline constexpr uint16_t kProtocolVersion = 2;
@@ -78,6 +81,8 @@ struct Assignment {
   uint64_t cache_key = 0;
   int32_t keep = 0;
   uint64_t keep_tag = 0;
+  // Stage audit: the stage keeps this turn's inputs and sends a hop_digest per hop.
+  bool audit = false;
 };
 // The RETURN leg goes to stages[0].address with next = kNextReturn.
 
@@ -119,6 +124,29 @@ struct Progress {
   int32_t stage = 0;
   uint64_t bytes_done = 0;
   uint64_t bytes_total = 0;
+};
+// Stage -> head after each hop of an audited turn: what it received and what it sent,
+// committed before it can know whether this hop will be audited. XXH64 of the f32 bytes.
+struct HopDigest {
+  int32_t seq = 0;
+  int32_t stage = 0;
+  int32_t token_index = 0;  // first position of the hop
+  int32_t rows = 0;
+  uint64_t in_hash = 0;
+  uint64_t out_hash = 0;
+};
+// Head -> stage: "send me the inputs of your hops at positions [from, to) of this turn".
+struct AuditRequest {
+  int32_t seq = 0;
+  int32_t from = 0;
+  int32_t to = 0;
+};
+// Stage -> head: those inputs, rows of hidden f32 values (checked against the digests).
+struct AuditData {
+  int32_t seq = 0;
+  int32_t stage = 0;
+  int32_t from = 0;
+  std::vector<float> values;
 };
 // Stage -> head after done: its share of the turn.
 struct StageStats {
@@ -165,7 +193,7 @@ struct Peers {
 inline constexpr size_t kMaxPeers = 256;
 
 using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers, Progress,
-                             StageStats>;
+                             StageStats, HopDigest, AuditRequest, AuditData>;
 
 std::vector<uint8_t> Encode(const Message& message);
 // Decodes one whole frame. `hidden` is the activation row width the receiver expects (0:
@@ -174,6 +202,8 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden = 0);
 
 // XXH32 of the f32 payload bytes (little-endian): catches a one-ulp flip and -0 vs +0.
 uint32_t ActHash(std::span<const float> values);
+// XXH64 of f32 values' little-endian bytes: the digests of the stage audit.
+uint64_t RowsHash(std::span<const float> values);
 // Identifies a model load: repo id, pinned commit and the tensor index (names, dtypes,
 // shapes, offsets) hashed together.
 uint32_t ModelHash(std::string_view model_id, std::string_view revision, std::string_view tensor_index_digest);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -84,6 +85,18 @@ class Room {
   std::string last_refusal_;
 };
 
+// What a turn's stage audit needs: the head re-runs audited stages' layers itself.
+struct AuditSetup {
+  double rate = 0;                 // share of (lap, stage) pairs audited
+  std::mt19937_64* rng = nullptr;  // the head's draw, after the fact
+  ModelSource* source = nullptr;
+  const ModelInfo* info = nullptr;
+  int ctx = 0;
+  // Audited stages' weights, fetched on first need and kept, by layer range.
+  std::map<std::pair<int, int>, std::unique_ptr<StageWeights>>* weights = nullptr;
+  std::vector<std::string> names;  // stage names for messages
+};
+
 // The rest of the ring as the head's forward pass sees it: one lap per call.
 class NetLink final : public StageLink {
  public:
@@ -96,8 +109,14 @@ class NetLink final : public StageLink {
     return Collect();
   }
 
+  void EnableAudit(AuditSetup setup) {
+    audit_ = std::move(setup);
+    shadows_.resize(stages_.size());
+  }
+
   // Sends one batch into the ring (stage 1) without waiting for it.
   daisy::Status Submit(HiddenStates hidden) override {
+    if (audit_.rate > 0) sent_hash_[hidden.positions.front()] = wire::RowsHash(hidden.values);
     wire::Activation a;
     a.seq = seq_;
     a.token_index = hidden.positions.front();
@@ -125,7 +144,7 @@ class NetLink final : public StageLink {
     const auto start = pending_.front().sent;
     const int32_t want = pending_.front().hidden.positions.front();
     while (Since(start) < lap_timeout_s_) {
-      auto m = room_.Poll(50, hidden_);
+      auto m = Next(50);
       for (size_t i = 1; i < stages_.size(); ++i)
         if (room_.seen_peers() && !room_.Has(stages_[i].device_id)) {
           failed_device_ = stages_[i].device_id;
@@ -144,6 +163,7 @@ class NetLink final : public StageLink {
         return Unavailable("the returning activation has the wrong size");
       out.values = std::move(back->values);
       if (pending_.empty()) lap_seconds_ += Since(busy_since_);  // overlapping laps count once
+      if (audit_.rate > 0) DAISY_RETURN_IF_ERROR(AfterLap(want, out.n_tokens(), out.values));
       return out;
     }
     return Unavailable("a lap stalled: no activation came back within " + std::to_string(static_cast<int>(lap_timeout_s_)) + " s");
@@ -151,6 +171,10 @@ class NetLink final : public StageLink {
 
   int64_t hops() const { return hops_; }
   int64_t positions() const { return positions_; }
+  int64_t audited() const { return audited_; }
+  int64_t recomputed() const { return recomputed_; }
+  // The first position whose hop an audit found wrong: tokens after it are not trusted.
+  std::optional<int32_t> bad_position() const { return bad_position_; }
   // The device that made the last lap fail, when it is known.
   const std::string& failed_device() const { return failed_device_; }
   int64_t laps() const { return laps_; }
@@ -175,6 +199,147 @@ class NetLink final : public StageLink {
   };
   std::deque<Pending> pending_;
   Clock::time_point busy_since_;
+
+  // ---- the stage audit ----
+  // A frame taken while waiting for something else is kept for the next wait.
+  std::optional<wire::Message> Next(int timeout_ms) {
+    if (!stash_.empty()) {
+      wire::Message m = std::move(stash_.front());
+      stash_.pop_front();
+      return m;
+    }
+    auto m = room_.Poll(timeout_ms, hidden_);
+    if (m && audit_.rate > 0) {
+      if (auto* d = std::get_if<wire::HopDigest>(&*m)) {
+        if (d->seq == seq_ && d->stage >= 1 && static_cast<size_t>(d->stage) < stages_.size()) digests_[{d->stage, d->token_index}] = *d;
+        return std::nullopt;
+      }
+    }
+    return m;
+  }
+
+  Result<wire::HopDigest> Digest(int stage, int32_t token_index) {
+    const auto start = Clock::now();
+    while (Since(start) < 5.0) {
+      auto it = digests_.find({stage, token_index});
+      if (it != digests_.end()) return it->second;
+      auto m = room_.Poll(20, hidden_);
+      if (!m) continue;
+      if (auto* d = std::get_if<wire::HopDigest>(&*m)) {
+        if (d->seq == seq_ && d->stage >= 1 && static_cast<size_t>(d->stage) < stages_.size()) digests_[{d->stage, d->token_index}] = *d;
+      } else {
+        stash_.push_back(std::move(*m));
+      }
+    }
+    failed_device_ = stages_[static_cast<size_t>(stage)].device_id;
+    return Unavailable("audit: " + Who(stage) + " sent no digest for its hop at position " + std::to_string(token_index));
+  }
+
+  std::string Who(int stage) const {
+    return "stage " + std::to_string(stage) + " (" + audit_.names[static_cast<size_t>(stage)] + ", " +
+           stages_[static_cast<size_t>(stage)].device_id.substr(0, 8) + ")";
+  }
+
+  daisy::Status Blame(int stage, int32_t position, const std::string& what) {
+    failed_device_ = stages_[static_cast<size_t>(stage)].device_id;
+    if (!bad_position_ || position < *bad_position_) bad_position_ = position;
+    return Unavailable("audit: " + Who(stage) + " " + what + "; it is excluded");
+  }
+
+  // After the lap of positions [token_index, token_index + rows): draw which stages to
+  // audit, check the chain of digests, and re-run each audited stage up to this lap.
+  daisy::Status AfterLap(int32_t token_index, int rows, std::span<const float> returned) {
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const int n = static_cast<int>(stages_.size());
+    for (int s = 1; s < n; ++s) {
+      if (u(*audit_.rng) >= audit_.rate) continue;
+      ++audited_;
+      DAISY_ASSIGN_OR_RETURN(wire::HopDigest d, Digest(s, token_index));
+      if (d.rows != rows) return Blame(s, token_index, "reported a hop of the wrong size");
+      // Its input must be what the previous stage (or the head) sent.
+      uint64_t expect_in = sent_hash_[token_index];
+      if (s > 1) {
+        DAISY_ASSIGN_OR_RETURN(wire::HopDigest prev, Digest(s - 1, token_index));
+        expect_in = prev.out_hash;
+      }
+      if (d.in_hash != expect_in) return Blame(s, token_index, "reports an input other than the one sent to it at position " + std::to_string(token_index));
+      if (s == n - 1 && d.out_hash != wire::RowsHash(returned))
+        return Blame(s, token_index, "reports an output other than the one that came back at position " + std::to_string(token_index));
+      DAISY_RETURN_IF_ERROR(Rerun(s, token_index + rows));
+    }
+    return daisy::Status::Ok();
+  }
+
+  // Re-runs stage s on this device over its inputs [shadow, end) and compares every hop's
+  // output with the digest the stage committed to.
+  daisy::Status Rerun(int s, int32_t end) {
+    Shadow& sh = shadows_[static_cast<size_t>(s)];
+    if (sh.len >= end) return daisy::Status::Ok();
+    const auto& st = stages_[static_cast<size_t>(s)];
+    auto key = std::make_pair(st.first, st.end);
+    auto& w = (*audit_.weights)[key];
+    if (!w) {
+      DAISY_ASSIGN_OR_RETURN(StageWeights loaded, StageWeights::Load(*audit_.source, *audit_.info, st.first, st.end, false, [&](const TransferProgress&) { room_.Beat(); }));
+      w = std::make_unique<StageWeights>(std::move(loaded));
+    }
+    if (!sh.kv) sh.kv = std::make_unique<KvCache>(audit_.info->spec, st.first, st.end, audit_.ctx);
+    // Its inputs, as it kept them.
+    DAISY_RETURN_IF_ERROR(ep_.Send(st.address, wire::Message(wire::AuditRequest{seq_, sh.len, end}), 3000));
+    std::optional<wire::AuditData> data;
+    const auto start = Clock::now();
+    while (!data && Since(start) < lap_timeout_s_) {
+      auto m = room_.Poll(20, hidden_);
+      if (!m) continue;
+      if (auto* ad = std::get_if<wire::AuditData>(&*m); ad && ad->seq == seq_ && ad->stage == s && ad->from == sh.len) {
+        data = std::move(*ad);
+      } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m); e && e->code == 6) {
+        return Blame(s, sh.len, "did not answer the audit: " + e->message);
+      } else if (auto* d = std::get_if<wire::HopDigest>(&*m)) {
+        if (d->seq == seq_ && d->stage >= 1 && static_cast<size_t>(d->stage) < stages_.size()) digests_[{d->stage, d->token_index}] = *d;
+      } else {
+        stash_.push_back(std::move(*m));
+      }
+    }
+    if (!data) return Blame(s, sh.len, "did not answer the audit within " + std::to_string(static_cast<int>(lap_timeout_s_)) + " s");
+    const size_t rows = static_cast<size_t>(end - sh.len);
+    if (data->values.size() != rows * static_cast<size_t>(hidden_)) return Blame(s, sh.len, "sent audit inputs of the wrong size");
+    // The hops in [sh.len, end), in order, each input checked against its digest.
+    std::vector<wire::HopDigest> hops;
+    for (int32_t p = sh.len; p < end;) {
+      DAISY_ASSIGN_OR_RETURN(wire::HopDigest d, Digest(s, p));
+      if (d.rows <= 0 || p + d.rows > end) return Blame(s, p, "reported hops that do not tile its positions");
+      const auto rows_of = std::span<const float>(data->values).subspan(static_cast<size_t>(p - sh.len) * hidden_, static_cast<size_t>(d.rows) * hidden_);
+      if (wire::RowsHash(rows_of) != d.in_hash) return Blame(s, p, "sent audit inputs that differ from the ones it reported at position " + std::to_string(p));
+      hops.push_back(d);
+      p += d.rows;
+    }
+    HiddenStates h;
+    h.hidden = hidden_;
+    for (int32_t p = sh.len; p < end; ++p) h.positions.push_back(p);
+    h.values = std::move(data->values);
+    DAISY_RETURN_IF_ERROR(RunLayers(*w, st.first, st.end, h, *sh.kv));
+    for (const auto& d : hops) {
+      const auto out = std::span<const float>(h.values).subspan(static_cast<size_t>(d.token_index - sh.len) * hidden_, static_cast<size_t>(d.rows) * hidden_);
+      ++recomputed_;
+      if (wire::RowsHash(out) != d.out_hash)
+        return Blame(s, d.token_index, "returned wrong bits for its hop at position " + std::to_string(d.token_index) + " (the re-run differs)");
+    }
+    sh.len = end;
+    return daisy::Status::Ok();
+  }
+
+  struct Shadow {
+    std::unique_ptr<KvCache> kv;  // the audited stage's cache, rebuilt here
+    int32_t len = 0;              // positions re-run so far
+  };
+  AuditSetup audit_;
+  std::vector<Shadow> shadows_;
+  std::map<std::pair<int, int32_t>, wire::HopDigest> digests_;  // (stage, first position)
+  std::map<int32_t, uint64_t> sent_hash_;                       // what the head sent, by position
+  std::deque<wire::Message> stash_;
+  int64_t audited_ = 0;
+  int64_t recomputed_ = 0;
+  std::optional<int32_t> bad_position_;
 };
 
 // The prefix cache on the head: one HeadStage (with its KV) per conversation, and what
@@ -236,6 +401,8 @@ struct HeadSession::Impl {
   uint32_t turn = 0;
   std::set<std::string> suspects;  // devices that failed an attempt: not planned again this turn
   bool joined = false;
+  std::mt19937_64 audit_rng;
+  std::map<std::pair<int, int>, std::unique_ptr<StageWeights>> audit_weights;
 
   ~Impl() {
     stopping = true;
@@ -318,6 +485,7 @@ struct HeadSession::Impl {
     slots.clear();
     head_weights.reset();
     verify_pipeline.reset();
+    audit_weights.clear();
     return v;
   }
 
@@ -506,7 +674,9 @@ struct HeadSession::Impl {
     // The prefix this conversation's caches can keep: only under the same plan.
     const std::string sig = PlanSignature(stages, ctx);
     int keep = 0;
-    if (attempt == 0 && slot.plan_sig == sig && slot.stage)
+    // An audited turn starts from position 0: the auditor rebuilds each audited stage's cache.
+    const bool audit = o.audit_rate > 0 && stages.size() > 1;
+    if (attempt == 0 && !audit && slot.plan_sig == sig && slot.stage)
       keep = static_cast<int>(std::min(CommonPrefix(slot.ids, r.prompt_ids), r.prompt_ids.size() - 1));
     const uint64_t keep_tag = IdsTag(slot.ids);
 
@@ -526,6 +696,7 @@ struct HeadSession::Impl {
       a.cache_key = slot.key;
       a.keep = keep;
       a.keep_tag = keep_tag;
+      a.audit = audit;
       return a;
     };
     for (size_t i = 1; i < stages.size(); ++i) {
@@ -599,6 +770,17 @@ struct HeadSession::Impl {
     if (keep > 0) say("prefix cache: reusing " + std::to_string(keep) + " of " + std::to_string(r.prompt_ids.size()) + " prompt positions");
 
     NetLink link(*ep, *room, stages, static_cast<int32_t>(turn), model_hash, spec.hidden, o.lap_timeout_s);
+    if (audit) {
+      AuditSetup a;
+      a.rate = o.audit_rate;
+      a.rng = &audit_rng;
+      a.source = source.get();
+      a.info = info.get();
+      a.ctx = ctx;
+      a.weights = &audit_weights;
+      for (const auto& sv : planned.view.stages) a.names.push_back(sv.device_name);
+      link.EnableAudit(std::move(a));
+    }
     slot.stage->set_link(stages.size() > 1 ? &link : nullptr);
     struct Unlink {
       HeadStage* s;
@@ -630,8 +812,20 @@ struct HeadSession::Impl {
     const auto started = Clock::now();
     auto result = generator.Generate(report.prompt_ids, gen, on_token);
     const double wall = Since(started);
+    report.audited_hops += link.audited();
+    report.recomputed_hops += link.recomputed();
     if (!result.ok()) {  // Unavailable: a ring fault, replayed once without that device
       if (!link.failed_device().empty()) suspects.insert(link.failed_device());
+      if (link.bad_position()) {
+        // Tokens sampled from a corrupted position on are not trusted: the replay gives them anew.
+        report.audit_failures.push_back(result.status().message());
+        const int64_t trusted = std::max<int64_t>(0, *link.bad_position() - static_cast<int64_t>(report.prompt_ids.size()) + 1);
+        if (static_cast<int64_t>(emitted.size()) > trusted) {
+          say("audit: " + std::to_string(emitted.size() - static_cast<size_t>(trusted)) + " token(s) already shown came after the corrupted hop; the replay replaces them");
+          emitted.resize(static_cast<size_t>(trusted));
+          if (r.on_retract) r.on_retract(emitted.size());
+        }
+      }
       return result.status();
     }
     if (diverged) return DataLoss("the replay produced different token ids than the first attempt");
@@ -729,6 +923,7 @@ Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& op
     auto lock = impl->TakeTurn();
     DAISY_RETURN_IF_ERROR(impl->JoinRoom());
   }
+  impl->audit_rng.seed(options.audit_seed != 0 ? options.audit_seed : (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}()));
   Impl* raw = impl.get();
   impl->idle = std::thread([raw] { raw->IdleLoop(); });
   return std::unique_ptr<HeadSession>(new HeadSession(std::move(impl)));
@@ -765,6 +960,8 @@ Result<HeadReport> RunHead(const HeadOptions& options) {
   so.plan = options.plan;
   so.wait_s = options.wait_s;
   so.cache_slots = 1;
+  so.audit_rate = options.audit_rate;
+  so.audit_seed = options.audit_seed;
   so.join_at_start = false;  // the model first: a bad SRC is refused before the room is joined
   DAISY_ASSIGN_OR_RETURN(std::unique_ptr<HeadSession> session, HeadSession::Start(so));
   DAISY_ASSIGN_OR_RETURN(ModelView view, session->Load(options.model, options.ctx));
@@ -775,6 +972,10 @@ Result<HeadReport> RunHead(const HeadOptions& options) {
   r.verify = options.verify;
   if (options.on_text) r.on_token = [&](int32_t, std::string_view text) { options.on_text(text); };
   r.on_status = options.on_status;
+  r.on_retract = [&](size_t kept) {
+    if (options.on_status)
+      options.on_status("audit: the text above after generated token " + std::to_string(kept) + " came from a corrupted hop; the replay continues from there");
+  };
   return session->Generate(r);
 }
 

@@ -1,5 +1,6 @@
 // The ring member loop: join, hello, assignment, fetch own layers, ready, serve hops.
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -44,6 +45,9 @@ class Node {
  public:
   explicit Node(const NodeOptions& o) : o_(o) {
     if (const char* d = std::getenv("DAISY_TEST_HOP_DELAY_MS")) hop_delay_ms_ = std::atoi(d);
+    flip_every_ = o.test_flip_every;
+    if (const char* f = std::getenv("DAISY_TEST_FLIP_EVERY")) flip_every_ = std::atoi(f);
+    if (flip_every_ > 0) std::fprintf(stderr, "node: TEST FAULT INJECTION: flipping a bit of every %d-th hop's output\n", flip_every_);
   }
 
   Status Run() {
@@ -230,6 +234,9 @@ class Node {
     stage_ = a.your_stage;
     stages_ = a.stages;
     seq_ = static_cast<int32_t>(a.turn);
+    audit_ = a.audit;
+    inputs_.clear();
+    inputs_from_ = kept_;
     hops_ = 0;
     compute_seconds_ = 0;
     return Status::Ok();
@@ -250,6 +257,16 @@ class Node {
     const int n = static_cast<int>(a.values.size()) / hidden;
     for (int i = 0; i < n; ++i) h.positions.push_back(a.token_index + i);
     h.values = std::move(a.values);
+    uint64_t in_hash = 0;
+    if (audit_) {
+      // Keep this turn's inputs for an audit, in position order (a rewind drops the rest).
+      const size_t at = static_cast<size_t>(std::max(0, a.token_index - inputs_from_)) * static_cast<size_t>(hidden);
+      if (a.token_index < inputs_from_) return refuse("a hop before the turn's first position");
+      if (at > inputs_.size()) return refuse("a hop leaves a gap in the turn's positions");
+      inputs_.resize(at);
+      inputs_.insert(inputs_.end(), h.values.begin(), h.values.end());
+      in_hash = wire::RowsHash(h.values);
+    }
     const auto started = Clock::now();
     Status st = RunLayers(*slice_.weights, slice_.first, slice_.end, h, *kv_);
     if (!st.ok()) return refuse(st.message());
@@ -265,7 +282,14 @@ class Node {
     out.next = last ? wire::kNextReturn : stage_ + 1;
     out.model_hash = slice_.model_hash;
     out.values = std::move(h.values);
+    ++hop_count_;
+    if (flip_every_ > 0 && hop_count_ % flip_every_ == 0) {
+      uint32_t bits = std::bit_cast<uint32_t>(out.values[0]);
+      out.values[0] = std::bit_cast<float>(bits ^ 1u);  // the lowest mantissa bit: a one-ulp lie
+    }
     out.act_hash = wire::ActHash(out.values);
+    if (audit_ && !head_address_.empty())
+      (void)ep_->Send(head_address_, wire::Message(wire::HopDigest{a.seq, stage_, out.token_index, n, in_hash, wire::RowsHash(out.values)}), 500);
     const std::string& to = last ? stages_[0].address : stages_[static_cast<size_t>(stage_) + 1].address;
     Status sent = ep_->Send(to, wire::Message(out), 1500);
     if (!sent.ok()) refuse("could not pass the activation on: " + sent.message());
@@ -308,6 +332,24 @@ class Node {
   void On(wire::Hello&) {}
   void On(wire::Ready&) {}
   void On(wire::Join&) {}
+  void On(wire::AuditRequest& q) {
+    auto refuse = [&](const std::string& why) {
+      (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{6, hello_.name + " cannot answer an audit: " + why}), 500);
+    };
+    if (!audit_ || q.seq != seq_ || !slice_.info) return refuse("no audited turn " + std::to_string(q.seq));
+    const int hidden = slice_.info->spec.hidden;
+    const int64_t have = static_cast<int64_t>(inputs_.size() / static_cast<size_t>(hidden));
+    if (q.from < inputs_from_ || q.to > inputs_from_ + have) return refuse("positions [" + std::to_string(q.from) + ", " + std::to_string(q.to) + ") were not served in this turn");
+    wire::AuditData d;
+    d.seq = q.seq;
+    d.stage = stage_;
+    d.from = q.from;
+    d.values.assign(inputs_.begin() + static_cast<std::ptrdiff_t>(q.from - inputs_from_) * hidden,
+                    inputs_.begin() + static_cast<std::ptrdiff_t>(q.to - inputs_from_) * hidden);
+    (void)ep_->Send(head_address_, wire::Message(d), 3000);
+  }
+  void On(wire::HopDigest&) {}
+  void On(wire::AuditData&) {}
   void On(wire::Progress&) {}
   void On(wire::StageStats&) {}
 
@@ -331,6 +373,11 @@ class Node {
   int32_t kept_ = 0;
   int64_t hops_ = 0;
   double compute_seconds_ = 0;
+  bool audit_ = false;           // this turn is audited: keep inputs, send digests
+  std::vector<float> inputs_;    // the turn's hop inputs, rows from position inputs_from_
+  int32_t inputs_from_ = 0;
+  int flip_every_ = 0;           // test-only fault injection
+  int64_t hop_count_ = 0;
   int32_t printed_seq_ = -1;
   std::unique_ptr<TextStream> stream_;  // the token stream of the current turn, as text
 };

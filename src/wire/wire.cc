@@ -169,6 +169,9 @@ std::string_view TagName(int32_t tag) {
     case Tag::kPeers: return "peers";
     case Tag::kProgress: return "progress";
     case Tag::kStageStats: return "stage_stats";
+    case Tag::kHopDigest: return "hop_digest";
+    case Tag::kAuditRequest: return "audit_request";
+    case Tag::kAuditData: return "audit_data";
   }
   return "unknown";
 }
@@ -176,6 +179,10 @@ std::string_view TagName(int32_t tag) {
 uint32_t ActHash(std::span<const float> values) {
   static_assert(std::endian::native == std::endian::little, "hash the little-endian bytes");
   return XXH32(values.data(), values.size() * sizeof(float), 0x44414953u /* "DAIS" */);
+}
+
+uint64_t RowsHash(std::span<const float> values) {
+  return XXH64(values.data(), values.size() * sizeof(float), 0x41554454u /* "AUDT" */);
 }
 
 uint32_t ModelHash(std::string_view model_id, std::string_view revision, std::string_view tensor_index_digest) {
@@ -219,6 +226,7 @@ std::vector<uint8_t> Encode(const Message& message) {
           w.U64(m.cache_key);
           w.I32(m.keep);
           w.U64(m.keep_tag);
+          w.U8(m.audit ? 1 : 0);
         } else if constexpr (std::is_same_v<T, Ready>) {
           w.I32(static_cast<int32_t>(Tag::kReady));
           w.I32(m.stage);
@@ -255,6 +263,25 @@ std::vector<uint8_t> Encode(const Message& message) {
           w.I32(m.stage);
           w.U64(static_cast<uint64_t>(m.hops));
           w.F64(m.compute_seconds);
+        } else if constexpr (std::is_same_v<T, HopDigest>) {
+          w.I32(static_cast<int32_t>(Tag::kHopDigest));
+          w.I32(m.seq);
+          w.I32(m.stage);
+          w.I32(m.token_index);
+          w.I32(m.rows);
+          w.U64(m.in_hash);
+          w.U64(m.out_hash);
+        } else if constexpr (std::is_same_v<T, AuditRequest>) {
+          w.I32(static_cast<int32_t>(Tag::kAuditRequest));
+          w.I32(m.seq);
+          w.I32(m.from);
+          w.I32(m.to);
+        } else if constexpr (std::is_same_v<T, AuditData>) {
+          w.I32(static_cast<int32_t>(Tag::kAuditData));
+          w.I32(m.seq);
+          w.I32(m.stage);
+          w.I32(m.from);
+          w.F32s(m.values);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
           w.I32(static_cast<int32_t>(Tag::kHeartbeat));
           w.U64(m.millis);
@@ -346,6 +373,9 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
       m.cache_key = r.U64("cache_key");
       m.keep = r.I32("keep");
       m.keep_tag = r.U64("keep_tag");
+      const uint8_t audit = r.U8("audit");
+      if (r.ok() && audit > 1) r.Fail("audit flag " + std::to_string(audit) + " is not 0 or 1");
+      m.audit = audit == 1;
       if (r.ok() && (m.keep < 0 || m.keep > m.ctx)) r.Fail("keep " + std::to_string(m.keep) + " is outside [0, ctx]");
       if (r.ok() && m.ctx <= 0) r.Fail("ctx must be positive");
       if (r.ok() && !SafeModelId(m.model_id)) r.Fail("model_id '" + m.model_id + "' is not a repo id (owner/name) or an absolute path");
@@ -449,6 +479,54 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
       if (r.ok() && (m.stage < 0 || m.hops < 0)) r.Fail("negative stage or hops");
       if (r.ok() && !(std::isfinite(m.compute_seconds) && m.compute_seconds >= 0)) r.Fail("compute_seconds is not a finite non-negative number");
       out = m;
+      break;
+    }
+    case Tag::kHopDigest: {
+      HopDigest m;
+      m.seq = r.I32("seq");
+      m.stage = r.I32("stage");
+      m.token_index = r.I32("token_index");
+      m.rows = r.I32("rows");
+      m.in_hash = r.U64("in_hash");
+      m.out_hash = r.U64("out_hash");
+      if (r.ok() && (m.stage < 0 || m.token_index < 0 || m.rows <= 0)) r.Fail("negative stage or position, or no rows");
+      out = m;
+      break;
+    }
+    case Tag::kAuditRequest: {
+      AuditRequest m;
+      m.seq = r.I32("seq");
+      m.from = r.I32("from");
+      m.to = r.I32("to");
+      if (r.ok() && (m.from < 0 || m.to <= m.from)) r.Fail("the range [" + std::to_string(m.from) + ", " + std::to_string(m.to) + ") is empty or negative");
+      out = m;
+      break;
+    }
+    case Tag::kAuditData: {
+      AuditData m;
+      m.seq = r.I32("seq");
+      m.stage = r.I32("stage");
+      m.from = r.I32("from");
+      if (r.ok() && (m.stage < 0 || m.from < 0)) r.Fail("negative stage or position");
+      if (!r.ok()) break;
+      const size_t bytes = r.left();
+      if (bytes % 4 != 0 || bytes == 0) {
+        r.Fail("payload of " + std::to_string(bytes) + " bytes is not a positive whole number of f32 values");
+        break;
+      }
+      if (hidden > 0 && (bytes / 4) % static_cast<size_t>(hidden) != 0) {
+        r.Fail("payload is not a whole number of rows of " + std::to_string(hidden));
+        break;
+      }
+      m.values.resize(bytes / 4);
+      auto rest = r.Rest();
+      for (size_t i = 0; i < m.values.size(); ++i) {
+        uint32_t b = static_cast<uint32_t>(rest[4 * i]) | static_cast<uint32_t>(rest[4 * i + 1]) << 8 |
+                     static_cast<uint32_t>(rest[4 * i + 2]) << 16 | static_cast<uint32_t>(rest[4 * i + 3]) << 24;
+        m.values[i] = std::bit_cast<float>(b);
+      }
+      r.Skip(bytes);
+      out = std::move(m);
       break;
     }
     case Tag::kHeartbeat: {

@@ -84,6 +84,18 @@ TEST(Wire, EveryMessageRoundTrips) {
   StageStats ss = RoundTrip(StageStats{3, 2, 64, 0.125});
   EXPECT_EQ(ss.hops, 64);
   EXPECT_EQ(ss.compute_seconds, 0.125);
+  Assignment audited = MakeAssignment();
+  audited.audit = true;
+  EXPECT_TRUE(RoundTrip(audited).audit);
+  EXPECT_FALSE(RoundTrip(MakeAssignment()).audit);
+  HopDigest hd = RoundTrip(HopDigest{4, 2, 17, 1, 0x1234ull, 0x5678ull});
+  EXPECT_EQ(hd.token_index, 17);
+  EXPECT_EQ(hd.out_hash, 0x5678ull);
+  AuditRequest aq = RoundTrip(AuditRequest{4, 0, 18});
+  EXPECT_EQ(aq.to, 18);
+  AuditData ad = RoundTrip(AuditData{4, 2, 0, {1.0f, -0.0f, 3.5f, 4.0f}}, 2);
+  ASSERT_EQ(ad.values.size(), 4u);
+  EXPECT_TRUE(std::signbit(ad.values[1]));
   Activation act = MakeActivation(3, 16);
   Activation act2 = RoundTrip(act, 16);
   ASSERT_EQ(act2.values.size(), act.values.size());
@@ -109,6 +121,9 @@ TEST(Wire, RefusesImpossibleCacheAndProgressFields) {
   ExpectRefused(Encode(Message(Progress{1, 1, 2000, 1000})), "bytes_done exceeds bytes_total");
   ExpectRefused(Encode(Message(StageStats{1, 1, 3, -1.0})), "compute_seconds");
   ExpectRefused(Encode(Message(Done{1, FinishReason::kStop, -4, 0})), "negative cached");
+  ExpectRefused(Encode(Message(AuditRequest{1, 5, 5})), "is empty");
+  ExpectRefused(Encode(Message(HopDigest{1, 1, 0, 0, 1, 2})), "no rows");
+  ExpectRefused(Encode(Message(AuditData{1, 1, 0, {1.0f, 2.0f, 3.0f}})), "whole number of rows", 2);
 }
 
 TEST(Wire, RefusesAddressesThatAreNotTcpHostPort) {
@@ -214,7 +229,8 @@ TEST(Wire, MutatedFramesNeverCrashTheDecoder) {
       Encode(Message(MakeAssignment())), Encode(Message(MakeActivation(2, 8))),
       Encode(Message(Hello{kProtocolVersion, 1, 1.0, 2, 3, "scalar", "id", "n"})), Encode(Message(ErrorMsg{1, "x"})),
       Encode(Message(Done{1, FinishReason::kStop})), Encode(Message(Progress{1, 1, 2, 3})),
-      Encode(Message(StageStats{1, 1, 2, 0.5})),
+      Encode(Message(StageStats{1, 1, 2, 0.5})), Encode(Message(HopDigest{1, 1, 2, 1, 5, 6})),
+      Encode(Message(AuditRequest{1, 0, 4})), Encode(Message(AuditData{1, 1, 0, {1.0f, 2.0f}})),
       Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:4444", Hello{kProtocolVersion, 1, 1.0, 2, 3, "s", "i", "n"}}}}))};
   std::mt19937_64 rng(1234);
   int accepted = 0;
