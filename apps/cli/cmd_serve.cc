@@ -1,7 +1,11 @@
-// daisychain serve: the room's rendezvous, and a compute device unless --no-compute.
+// daisychain serve: the room's rendezvous, a long-lived head (HeadSession), the web UI and
+// the OpenAI-compatible API, and a compute device unless --no-compute, all behind one port:
+// the port mux hands ZeroMQ connections to the rendezvous and HTTP to the server.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -9,9 +13,11 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "daisy/head.h"
 #include "daisy/log.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
+#include "daisy/server.h"
 #include "ring_common.h"
 
 namespace daisy::cli {
@@ -22,27 +28,98 @@ struct ServeFlags {
   std::string host = "127.0.0.1";
   std::string room = "default";
   std::string name;
+  std::string model;
+  int ctx = 0;
   bool auto_approve = false;
   bool no_compute = false;
+  bool no_cache = false;
 };
+
+int PortOf(const std::string& tcp_address) {
+  return std::stoi(tcp_address.substr(tcp_address.rfind(':') + 1));
+}
 
 int RunServe(const ServeFlags& f) {
   InstallStopSignals();
+  // The rendezvous and the HTTP server listen on loopback only; the mux is the public port.
   net::RendezvousOptions ro;
-  ro.host = f.host;
-  ro.port = f.port;
+  ro.host = "127.0.0.1";
+  ro.port = 0;
   ro.auto_approve = f.auto_approve;
   auto rv = net::Rendezvous::Start(ro);
   if (!rv.ok()) return ReportError(rv.status().message());
-  const std::string hp = f.host + ":" + (*rv)->address().substr((*rv)->address().rfind(':') + 1);
-  std::fprintf(stderr, "rendezvous on %s, room '%s'\n", hp.c_str(), f.room.c_str());
-  std::fprintf(stderr, "devices join with:  daisychain node --join %s --room %s\n", hp.c_str(), f.room.c_str());
-  std::fprintf(stderr, "a head runs with:   daisychain run --join %s --room %s --model SRC --prompt TEXT\n", hp.c_str(), f.room.c_str());
-  if (f.auto_approve)
-    std::fprintf(stderr, "WARNING: --auto-approve is ON: every device that reaches this port is admitted to the room\n");
-  else
-    std::fprintf(stderr, "type 'approve ID' here to admit a device that asks to join\n");
-  std::fflush(stderr);
+
+  HubOptions hub;
+  hub.use_cache = !f.no_cache;
+  hub.cache_dir = DeviceCacheDir();
+  hub.allow_token_prompt = false;  // requests come over HTTP: no terminal to ask on
+
+  // This process's own devices (its head and its compute device) are admitted without
+  // asking, whatever --auto-approve says; they may join again later (after a stall), so
+  // the watch runs as long as serve does.
+  std::vector<std::string> own_ids;
+  for (const char* role : {"serve-head", "serve"}) {
+    auto id = DeviceId(DeviceHome(), role);
+    if (!id.ok()) return ReportError(id.status().message());
+    own_ids.push_back(*id);
+  }
+  std::atomic<bool> self_approve_stop{false};
+  std::thread self_approve([&, rvp = rv->get()] {
+    while (!self_approve_stop.load()) {
+      for (const auto& m : rvp->Members())
+        if (!m.approved && std::find(own_ids.begin(), own_ids.end(), m.hello.device_id) != own_ids.end())
+          (void)rvp->Approve(m.hello.device_id);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  struct JoinOnExit {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~JoinOnExit() {
+      stop.store(true);
+      if (t.joinable()) t.join();
+    }
+  } join_self_approve{self_approve_stop, self_approve};
+
+  SessionOptions so;
+  so.rendezvous = (*rv)->address();
+  so.room = f.room;
+  so.name = f.name.empty() ? "" : f.name;
+  so.role = "serve-head";
+  so.bind_host = f.host;
+  so.hub = hub;
+  std::string compute_id;
+  if (!f.no_compute) {
+    // The compute device of this process is the head's own machine: the head holds layers
+    // itself, so it never plans a second stage here.
+    compute_id = own_ids[1];
+    so.exclude_devices.push_back(compute_id);
+  }
+  auto session = HeadSession::Start(so);
+  if (!session.ok()) return ReportError("cannot start the head: " + session.status().message());
+
+  const std::string public_hp = f.host + ":" + std::to_string(f.port);
+  const std::string join_line = "daisychain node --join " + public_hp + " --room " + f.room;
+  ServerOptions sv;
+  sv.host = "127.0.0.1";
+  sv.port = 0;
+  sv.room = f.room;
+  sv.join_line = join_line;
+  sv.auto_approve = f.auto_approve;
+  sv.rendezvous = rv->get();
+  sv.session = session->get();
+  sv.hub = hub;
+  sv.compute_device_id = compute_id;
+  auto server = Server::Start(sv);
+  if (!server.ok()) return ReportError(server.status().message());
+
+  net::PortMuxOptions mo;
+  mo.host = f.host;
+  mo.port = f.port;
+  mo.zmq_port = PortOf((*rv)->address());
+  mo.http_port = (*server)->port();
+  auto mux = net::PortMux::Start(mo);
+  if (!mux.ok()) return ReportError(mux.status().message());
 
   std::thread compute;
   if (!f.no_compute) {
@@ -51,15 +128,41 @@ int RunServe(const ServeFlags& f) {
       o.role = "serve";
       o.rendezvous = (*rv)->address();
       o.room = f.room;
-      o.name = f.name.empty() ? "" : f.name;
+      o.name = f.name;
       o.bind_host = f.host;
-      o.hub.cache_dir = DeviceCacheDir();
+      o.hub = hub;
       o.print_tokens = false;
       o.stop = &StopRequested();
       Status st = RunNode(o);
       if (!st.ok()) LogError("serve: the compute device stopped: " + st.message());
     });
   }
+
+  std::fprintf(stderr, "web UI: http://%s/\n", public_hp.c_str());
+  std::fprintf(stderr, "OpenAI-compatible API: http://%s/v1\n", public_hp.c_str());
+  std::fprintf(stderr, "rendezvous on %s, room '%s'\n", public_hp.c_str(), f.room.c_str());
+  std::fprintf(stderr, "devices join with:  %s\n", join_line.c_str());
+  std::fprintf(stderr, "a head runs with:   daisychain run --join %s --room %s --model SRC --prompt TEXT\n",
+               public_hp.c_str(), f.room.c_str());
+  if (f.auto_approve)
+    std::fprintf(stderr,
+                 "WARNING: --auto-approve is ON: every device that reaches this port is admitted to the room\n");
+  else
+    std::fprintf(stderr, "approve a device that asks to join in the web UI, or type 'approve ID' here\n");
+  std::fflush(stderr);
+
+  int rc = 0;
+  if (!f.model.empty()) {
+    Status st = (*server)->Load(f.model, f.ctx);
+    if (st.ok()) {
+      std::fprintf(stderr, "model %s loaded: the API is ready\n", f.model.c_str());
+    } else {
+      rc = ReportError("cannot load --model " + f.model + ": " + st.message());
+      StopRequested().store(true);
+    }
+    std::fflush(stderr);
+  }
+
   // Approvals typed on this terminal. A detached reader: stdin may never close.
   if (::isatty(STDIN_FILENO)) {
     std::thread([rvp = rv->get()] {
@@ -75,22 +178,37 @@ int RunServe(const ServeFlags& f) {
     }).detach();
   }
   while (!StopRequested().load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Outside in: no new connections, streams ended (turns asked to stop), the head leaves,
+  // the compute device leaves, then the rendezvous.
+  mux->reset();
+  server->reset();
+  session->reset();
   if (compute.joinable()) compute.join();
+  self_approve_stop.store(true);
+  self_approve.join();
+  rv->reset();
   std::fprintf(stderr, "serve: stopped\n");
-  return 0;
+  return rc;
 }
 
 }  // namespace
 
 DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
   auto f = std::make_shared<ServeFlags>();
-  auto* sub = app.add_subcommand("serve", "Run the room's rendezvous (and a compute device) until Ctrl-C");
-  sub->add_option("--port", f->port, "Port devices join at (default 8788)")->check(CLI::Range(1, 65535));
-  sub->add_option("--host", f->host, "Address to listen on (default 127.0.0.1)");
+  auto* sub = app.add_subcommand("serve",
+                                 "Run the room: rendezvous, head, web UI and OpenAI-compatible API on one port (and a "
+                                 "compute device) until Ctrl-C");
+  sub->add_option("--port", f->port, "Port of the web UI, the API and the rendezvous (default 8788)")
+      ->check(CLI::Range(1, 65535));
+  sub->add_option("--host", f->host, "Address to listen on and that devices reach this one at (default 127.0.0.1)");
   sub->add_option("--room", f->room, "Room code (default: default)");
   sub->add_option("--name", f->name, "Name of this device (default: the host name)");
+  sub->add_option("--model", f->model, "Load this model at start (local folder or Hub repo id owner/name[@revision])");
+  sub->add_option("--ctx", f->ctx, "Context length for --model (default: the model's, at most 4096)")
+      ->check(CLI::Range(0, 1 << 24));
   sub->add_flag("--auto-approve", f->auto_approve, "Admit every device without asking (demos and tests)");
-  sub->add_flag("--no-compute", f->no_compute, "Only the rendezvous: hold no layers here");
+  sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
+  sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
   return [f] { return RunServe(*f); };
 });
 

@@ -84,4 +84,35 @@ class Rendezvous {
   std::unique_ptr<Impl> impl_;
 };
 
+struct PortMuxOptions {
+  std::string host = "127.0.0.1";  // the public address to listen on
+  int port = 8788;                 // 0: any free port
+  int zmq_port = 0;                // 127.0.0.1:zmq_port takes connections starting with 0xFF
+  int http_port = 0;               // 127.0.0.1:http_port takes every other connection
+  int max_connections = 256;       // connections beyond this are closed at once
+  double first_byte_timeout_s = 30;  // a connection silent this long is closed
+};
+
+// One public port for two servers: each accepted connection is handed, by its first byte,
+// to the rendezvous (ZMTP greetings start with 0xFF) or to the HTTP server (a request starts
+// with a letter), both listening on 127.0.0.1 only. Bytes are relayed both ways until both
+// sides have closed (a half-close is passed on); one thread per connection. The servers see
+// every connection as coming from 127.0.0.1. Runs on its own threads; the destructor closes
+// the port and every relayed connection.
+class PortMux {
+ public:
+  static Result<std::unique_ptr<PortMux>> Start(const PortMuxOptions& options);
+  ~PortMux();
+  PortMux(const PortMux&) = delete;
+  PortMux& operator=(const PortMux&) = delete;
+
+  int port() const;         // the public port (useful with port 0)
+  int connections() const;  // connections being relayed now
+
+ private:
+  struct Impl;
+  explicit PortMux(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
 }  // namespace daisy::net

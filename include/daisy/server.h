@@ -1,0 +1,55 @@
+// The HTTP server of `daisychain serve`: the embedded web UI, its API (/api/state, the
+// /api/events stream, approve, load, generate), the OpenAI-compatible API (/v1/models,
+// /v1/completions, /v1/chat/completions) and /apply-template. docs/HTTP.md is the contract.
+//
+// One turn owns the ring: requests are tokenized at once, then wait in a FIFO queue for
+// the ring (HeadSession::Generate serializes turns too); UI streams see their position. A
+// client that goes away ends its stream, and a turn it was waiting for stops at the next
+// token. Thread-safe: httplib serves each connection on a pool thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "daisy/hub.h"
+#include "daisy/status.h"
+
+namespace daisy {
+
+class HeadSession;
+namespace net {
+class Rendezvous;
+}
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  // where the HTTP server listens (serve: 127.0.0.1, behind the mux)
+  int port = 0;                    // 0: any free port
+  std::string room = "default";
+  std::string join_line;  // "daisychain node --join HOST:PORT --room ROOM", shown by the UI
+  bool auto_approve = false;
+  net::Rendezvous* rendezvous = nullptr;  // devices (pending ones too) and approval; may be null
+  HeadSession* session = nullptr;         // the head; required
+  HubOptions hub;                         // for reading the chat template of a loaded model
+  std::string compute_device_id;          // serve's own compute device ("" if none)
+  int threads = 64;                       // connections served at once (SSE listeners hold one each)
+};
+
+class Server {
+ public:
+  // Binds and starts serving on its own threads.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();  // ends every stream, asks running turns to stop, stops listening
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const;
+  // Loads SRC as the session's model (as POST /api/load does) and reads its chat template.
+  Status Load(const std::string& source, int ctx);
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace daisy

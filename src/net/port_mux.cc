@@ -1,0 +1,231 @@
+// PortMux: one public TCP port in front of the rendezvous (ZeroMQ) and the HTTP server.
+// The first byte of a connection decides where it goes: a ZMTP greeting starts with 0xFF,
+// an HTTP request with a method name. Everything after that is relayed unchanged.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "daisy/log.h"
+#include "daisy/net.h"
+
+namespace daisy::net {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kPollMs = 200;  // how often blocked threads look at the stop flag
+constexpr size_t kRelayBuffer = 64 * 1024;
+
+void SetNonBlocking(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// Connects to 127.0.0.1:port (blocking; loopback answers at once or refuses).
+int ConnectLoopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+struct PortMux::Impl {
+  PortMuxOptions options;
+  int listen_fd = -1;
+  int port = 0;
+  std::atomic<bool> stop{false};
+  std::thread accept_thread;
+  mutable std::mutex mu;
+  std::condition_variable idle;  // signalled when a connection thread ends
+  int active = 0;
+
+  ~Impl() {
+    if (listen_fd >= 0) ::close(listen_fd);
+  }
+
+  // Writes all of `n` bytes to a non-blocking socket; false when it fails or we stop.
+  bool WriteAll(int fd, const char* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+      if (w > 0) {
+        p += w;
+        n -= static_cast<size_t>(w);
+        continue;
+      }
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        pollfd pfd{fd, POLLOUT, 0};
+        ::poll(&pfd, 1, kPollMs);
+        if (stop.load()) return false;
+        continue;
+      }
+      return false;
+    }
+    return true;
+  }
+
+  // Relays bytes between a and b until both directions have ended (EOF passed on as a
+  // half-close), an error, or stop.
+  void Relay(int a, int b) {
+    std::vector<char> buf(kRelayBuffer);
+    bool a_open = true, b_open = true;  // still reading from a / from b
+    while (!stop.load() && (a_open || b_open)) {
+      // A side that ended is left out (fd -1): poll would report its hang-up forever.
+      pollfd pfds[2] = {{a_open ? a : -1, POLLIN, 0}, {b_open ? b : -1, POLLIN, 0}};
+      const int r = ::poll(pfds, 2, kPollMs);
+      if (r < 0 && errno != EINTR) return;
+      if (r <= 0) continue;
+      for (int side = 0; side < 2; ++side) {
+        const int from = side == 0 ? a : b, to = side == 0 ? b : a;
+        bool& open = side == 0 ? a_open : b_open;
+        if (!open || !(pfds[side].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::recv(from, buf.data(), buf.size(), 0);
+        if (n > 0) {
+          if (!WriteAll(to, buf.data(), static_cast<size_t>(n))) return;
+        } else if (n == 0) {
+          open = false;
+          ::shutdown(to, SHUT_WR);
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          return;  // reset: close both
+        }
+      }
+    }
+  }
+
+  void Serve(int client) {
+    SetNonBlocking(client);
+    SetNoDelay(client);
+    // Wait for the first byte, then look at it without taking it.
+    const auto deadline = Clock::now() + std::chrono::duration<double>(options.first_byte_timeout_s);
+    unsigned char first = 0;
+    bool have = false;
+    while (!stop.load() && Clock::now() < deadline) {
+      pollfd pfd{client, POLLIN, 0};
+      if (::poll(&pfd, 1, kPollMs) <= 0) continue;
+      const ssize_t n = ::recv(client, &first, 1, MSG_PEEK);
+      if (n == 1) have = true;
+      if (n == 0 || n == 1) break;
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+    }
+    if (have) {
+      const int target_port = first == 0xFF ? options.zmq_port : options.http_port;
+      const int backend = ConnectLoopback(target_port);
+      if (backend < 0) {
+        LogWarning("port mux: cannot reach the internal " + std::string(first == 0xFF ? "rendezvous" : "HTTP server") +
+                   " at 127.0.0.1:" + std::to_string(target_port));
+      } else {
+        SetNonBlocking(backend);
+        SetNoDelay(backend);
+        Relay(client, backend);
+        ::close(backend);
+      }
+    }
+    ::close(client);
+  }
+
+  void AcceptLoop(const std::shared_ptr<Impl>& self) {
+    while (!stop.load()) {
+      pollfd pfd{listen_fd, POLLIN, 0};
+      if (::poll(&pfd, 1, kPollMs) <= 0) continue;
+      const int client = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) continue;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (active >= options.max_connections) {
+          ::close(client);
+          LogWarning("port mux: refused a connection: " + std::to_string(active) + " connections are open");
+          continue;
+        }
+        ++active;
+      }
+      // Detached: the thread holds the Impl alive; the destructor waits for active == 0.
+      std::thread([self, client] {
+        self->Serve(client);
+        std::lock_guard<std::mutex> lock(self->mu);
+        --self->active;
+        self->idle.notify_all();
+      }).detach();
+    }
+  }
+};
+
+PortMux::PortMux(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PortMux::~PortMux() {
+  impl_->stop.store(true);
+  if (impl_->accept_thread.joinable()) impl_->accept_thread.join();
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->idle.wait(lock, [&] { return impl_->active == 0; });
+}
+
+int PortMux::port() const {
+  return impl_->port;
+}
+
+int PortMux::connections() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->active;
+}
+
+Result<std::unique_ptr<PortMux>> PortMux::Start(const PortMuxOptions& options) {
+  if (options.zmq_port <= 0 || options.http_port <= 0) return InvalidArgument("Bug: PortMux needs both internal ports");
+  auto impl = std::make_shared<Impl>();
+  impl->options = options;
+  const std::string where = options.host + ":" + std::to_string(options.port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string port_str = std::to_string(options.port);
+  const int gai = ::getaddrinfo(options.host.empty() ? nullptr : options.host.c_str(), port_str.c_str(), &hints, &res);
+  if (gai != 0) return InvalidArgument("cannot listen on " + where + ": " + ::gai_strerror(gai));
+  std::string last_error = "no address";
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 128) == 0) {
+      impl->listen_fd = fd;
+      break;
+    }
+    last_error = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  if (impl->listen_fd < 0) return Unavailable("cannot listen on " + where + ": " + last_error);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(impl->listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  impl->port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                           : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  impl->accept_thread = std::thread([self = impl.get(), impl] { self->AcceptLoop(impl); });
+  return std::unique_ptr<PortMux>(new PortMux(std::move(impl)));
+}
+
+}  // namespace daisy::net

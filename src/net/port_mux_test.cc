@@ -1,0 +1,183 @@
+// PortMux with real sockets on 127.0.0.1: HTTP requests and ZeroMQ joins share one port.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "daisy/net.h"
+
+namespace daisy::net {
+namespace {
+
+using namespace std::chrono_literals;
+
+wire::Hello HelloFor(const std::string& id) {
+  return wire::Hello{wire::kProtocolVersion, wire::kCapCompute, 100.0, 42, 1u << 30, "scalar", id, "dev-" + id};
+}
+
+int PortOf(const std::string& tcp_address) {
+  return std::stoi(tcp_address.substr(tcp_address.rfind(':') + 1));
+}
+
+// An HTTP server on 127.0.0.1 (any port) with a small and a large answer.
+class HttpBackend {
+ public:
+  HttpBackend() {
+    big_.resize(3 << 20);
+    for (size_t i = 0; i < big_.size(); ++i) big_[i] = static_cast<char>('a' + i % 26);
+    server_.Get("/hello",
+                [](const httplib::Request&, httplib::Response& res) { res.set_content("hello", "text/plain"); });
+    server_.Get("/big",
+                [this](const httplib::Request&, httplib::Response& res) { res.set_content(big_, "text/plain"); });
+    server_.Post("/echo",
+                 [](const httplib::Request& req, httplib::Response& res) { res.set_content(req.body, "text/plain"); });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(5ms);
+  }
+  ~HttpBackend() {
+    server_.stop();
+    thread_.join();
+  }
+  int port() const { return port_; }
+  const std::string& big() const { return big_; }
+
+ private:
+  httplib::Server server_;
+  std::string big_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+struct Fixture {
+  std::unique_ptr<Rendezvous> rv;
+  std::unique_ptr<HttpBackend> http;
+  std::unique_ptr<PortMux> mux;
+};
+
+Fixture Start(int max_connections = 256) {
+  Fixture f;
+  RendezvousOptions ro;
+  ro.port = 0;
+  ro.auto_approve = true;
+  auto rv = Rendezvous::Start(ro);
+  EXPECT_TRUE(rv.ok()) << rv.status().message();
+  f.rv = std::move(*rv);
+  f.http = std::make_unique<HttpBackend>();
+  PortMuxOptions mo;
+  mo.port = 0;
+  mo.zmq_port = PortOf(f.rv->address());
+  mo.http_port = f.http->port();
+  mo.max_connections = max_connections;
+  auto mux = PortMux::Start(mo);
+  EXPECT_TRUE(mux.ok()) << mux.status().message();
+  f.mux = std::move(*mux);
+  return f;
+}
+
+int ConnectTo(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return pred();
+}
+
+TEST(PortMux, HttpRequestsReachTheHttpServer) {
+  Fixture f = Start();
+  httplib::Client cli("127.0.0.1", f.mux->port());
+  auto r = cli.Get("/hello");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, "hello");
+  // A large answer and a large upload come through intact (relay buffers wrap many times).
+  auto big = cli.Get("/big");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->body, f.http->big());
+  auto echo = cli.Post("/echo", f.http->big(), "text/plain");
+  ASSERT_TRUE(echo);
+  EXPECT_EQ(echo->body, f.http->big());
+}
+
+TEST(PortMux, ZeroMqJoinsReachTheRendezvousWhichAnswersTheDeviceDirectly) {
+  Fixture f = Start();
+  auto dev = Endpoint::Bind("127.0.0.1", 0);
+  ASSERT_TRUE(dev.ok());
+  const std::string via_mux = "tcp://127.0.0.1:" + std::to_string(f.mux->port());
+  ASSERT_TRUE((*dev)->Send(via_mux, wire::Message(wire::Join{"room", (*dev)->address(), HelloFor("abcdef01")})).ok());
+  std::optional<wire::Peers> peers;
+  const auto end = std::chrono::steady_clock::now() + 5s;
+  while (!peers && std::chrono::steady_clock::now() < end) {
+    auto fr = (*dev)->Receive(100);
+    if (!fr.ok() || !fr->has_value()) continue;
+    auto m = wire::Decode(**fr);
+    if (m.ok() && std::holds_alternative<wire::Peers>(*m)) peers = std::get<wire::Peers>(*m);
+  }
+  ASSERT_TRUE(peers.has_value()) << "the join never reached the rendezvous through the mux";
+  ASSERT_EQ(peers->peers.size(), 1u);
+  EXPECT_EQ(peers->peers[0].hello.device_id, "abcdef01");
+  ASSERT_EQ(f.rv->Members().size(), 1u);
+  // HTTP on the same port still works while the ZeroMQ connection stays open.
+  httplib::Client cli("127.0.0.1", f.mux->port());
+  auto r = cli.Get("/hello");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->body, "hello");
+}
+
+TEST(PortMux, ConnectionsBeyondTheCapAreClosedAndClosedOnesAreReleased) {
+  Fixture f = Start(/*max_connections=*/2);
+  int a = ConnectTo(f.mux->port()), b = ConnectTo(f.mux->port());
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  ASSERT_TRUE(WaitFor([&] { return f.mux->connections() == 2; }, 2000ms));
+  int c = ConnectTo(f.mux->port());
+  ASSERT_GE(c, 0);
+  pollfd pfd{c, POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 2000), 1) << "the connection over the cap was left open";
+  char byte;
+  EXPECT_EQ(::recv(c, &byte, 1, 0), 0);
+  ::close(c);
+  ::close(a);
+  ::close(b);
+  EXPECT_TRUE(WaitFor([&] { return f.mux->connections() == 0; }, 3000ms)) << f.mux->connections();
+  // A request after the others left is served.
+  httplib::Client cli("127.0.0.1", f.mux->port());
+  auto r = cli.Get("/hello");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->body, "hello");
+}
+
+TEST(PortMux, RefusesAPortInUse) {
+  Fixture f = Start();
+  PortMuxOptions mo;
+  mo.port = f.mux->port();
+  mo.zmq_port = 1;
+  mo.http_port = 1;
+  auto again = PortMux::Start(mo);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find(std::to_string(f.mux->port())), std::string::npos)
+      << again.status().message();
+}
+
+}  // namespace
+}  // namespace daisy::net

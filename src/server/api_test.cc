@@ -1,0 +1,223 @@
+// The server's model-free pieces: OpenAI request parsing and errors, response and chunk
+// shapes, SSE framing, stop strings and the embedded UI files.
+#include "api.h"
+
+#include <gtest/gtest.h>
+
+#include "assets.h"
+
+namespace daisy::srv {
+namespace {
+
+CompletionRequest ParseOk(const std::string& body, bool chat = false) {
+  auto r = ParseCompletionRequest(body, chat);
+  if (auto* e = std::get_if<ApiError>(&r)) ADD_FAILURE() << body << " -> " << e->message;
+  return std::holds_alternative<CompletionRequest>(r) ? std::get<CompletionRequest>(r) : CompletionRequest{};
+}
+
+ApiError ParseBad(const std::string& body, bool chat = false) {
+  auto r = ParseCompletionRequest(body, chat);
+  if (std::holds_alternative<CompletionRequest>(r)) ADD_FAILURE() << body << " was accepted";
+  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+}
+
+TEST(ParseCompletion, ReadsEveryFieldWithOpenAIDefaults) {
+  auto d = ParseOk(R"({"prompt": "Once"})");
+  EXPECT_EQ(d.prompt, "Once");
+  EXPECT_FALSE(d.max_tokens.has_value());
+  EXPECT_EQ(d.temperature, 1.0f);
+  EXPECT_EQ(d.top_p, 1.0f);
+  EXPECT_FALSE(d.seed.has_value());
+  EXPECT_FALSE(d.stream);
+  EXPECT_FALSE(d.json_object);
+
+  auto r = ParseOk(R"({"model": "m", "prompt": ["Hi"], "max_tokens": 7, "temperature": 0, "top_p": 0.5, "seed": 9,
+                       "stop": ["\n\n", "The end"], "stream": true, "stream_options": {"include_usage": true},
+                       "response_format": {"type": "json_object"}, "user": "alice", "n": 1, "frequency_penalty": 0,
+                       "some_future_field": {"x": 1}})");
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt, "Hi");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.temperature, 0.0f);
+  EXPECT_EQ(r.top_p, 0.5f);
+  EXPECT_EQ(r.seed, 9u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n\n", "The end"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.json_object);
+  EXPECT_EQ(r.user, "alice");
+
+  auto ids = ParseOk(R"({"prompt": [1, 403, 407]})");
+  ASSERT_TRUE(ids.prompt_ids.has_value());
+  EXPECT_EQ(*ids.prompt_ids, (std::vector<int32_t>{1, 403, 407}));
+  // null means "not given".
+  auto nulls = ParseOk(R"({"prompt": "x", "max_tokens": null, "stop": null, "temperature": null})");
+  EXPECT_FALSE(nulls.max_tokens.has_value());
+  EXPECT_EQ(nulls.temperature, 1.0f);
+}
+
+TEST(ParseCompletion, ChatFlattensTextPartsAndTakesMaxCompletionTokens) {
+  auto r = ParseOk(R"({"messages": [{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}],
+                       "max_completion_tokens": 5})",
+                   /*chat=*/true);
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1]["content"], "Hello");
+  EXPECT_EQ(r.max_tokens, 5);
+}
+
+TEST(ParseCompletion, RefusesBadRequestsNamingTheField) {
+  struct Case {
+    const char* body;
+    bool chat;
+    const char* param;  // "" -> none
+  };
+  const Case cases[] = {
+      {"not json", false, ""},
+      {"[1, 2]", false, ""},
+      {R"({})", false, "prompt"},
+      {R"({"prompt": 5})", false, "prompt"},
+      {R"({"prompt": ["a", "b"]})", false, "prompt"},
+      {R"({"prompt": "x", "max_tokens": "ten"})", false, "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": 0})", false, "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": 1.5})", false, "max_tokens"},
+      {R"({"prompt": "x", "temperature": -1})", false, "temperature"},
+      {R"({"prompt": "x", "temperature": "hot"})", false, "temperature"},
+      {R"({"prompt": "x", "top_p": 0})", false, "top_p"},
+      {R"({"prompt": "x", "n": 2})", false, "n"},
+      {R"({"prompt": "x", "stop": [1]})", false, "stop"},
+      {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", false, "stop"},
+      {R"({"prompt": "x", "stream": "yes"})", false, "stream"},
+      {R"({"prompt": "x", "response_format": {"type": "json_schema"}})", false, "response_format"},
+      {R"({"prompt": "x", "logprobs": 3})", false, "logprobs"},
+      {R"({"prompt": "x", "presence_penalty": 0.5})", false, "presence_penalty"},
+      {R"({"prompt": "x", "logit_bias": {"1": 5}})", false, "logit_bias"},
+      {R"({"prompt": "x", "echo": true})", false, "echo"},
+      {R"({"prompt": "x", "model": 3})", false, "model"},
+      {R"({"messages": []})", true, "messages"},
+      {R"({"messages": "hi"})", true, "messages"},
+      {R"({"messages": [{"content": "hi"}]})", true, "messages[0].role"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", true, "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", true, "tools"},
+  };
+  for (const auto& c : cases) {
+    ApiError e = ParseBad(c.body, c.chat);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error") << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+}
+
+TEST(ErrorBody, HasTheOpenAIShape) {
+  Json j = ErrorBody(BadRequest("'n' must be 1", "n"));
+  ASSERT_TRUE(j.contains("error"));
+  EXPECT_EQ(j["error"]["message"], "'n' must be 1");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "n");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+  EXPECT_TRUE(ErrorBody(BadRequest("bad body"))["error"]["param"].is_null());
+}
+
+TEST(Shapes, CompletionResponsesAndChunks) {
+  CompletionResult r{"cmpl-1", 1700000000, "models/stories260K", "Hello", "length", 5, 3};
+  Json c = CompletionResponse(r, false);
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["choices"][0]["text"], "Hello");
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(c["usage"]["total_tokens"], 8);
+  Json chat = CompletionResponse(r, true);
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "Hello");
+
+  Json first = CompletionChunk(r, true, "", true, "");
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  Json mid = CompletionChunk(r, true, "lo", false, "");
+  EXPECT_EQ(mid["choices"][0]["delta"]["content"], "lo");
+  EXPECT_FALSE(mid["choices"][0]["delta"].contains("role"));
+  Json last = CompletionChunk(r, false, "", false, "stop");
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  Json usage = UsageChunk(r, true);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(NewCompletionId(true).rfind("chatcmpl-", 0), 0u);
+  EXPECT_NE(NewCompletionId(false), NewCompletionId(false));
+}
+
+TEST(Sse, FramesEventsOnOneDataLine) {
+  EXPECT_EQ(SseEvent("token", Json{{"text", "a\nb"}}), "event: token\ndata: {\"text\":\"a\\nb\"}\n\n");
+  EXPECT_EQ(SseData("[DONE]"), "data: [DONE]\n\n");
+  // Invalid UTF-8 never throws: it becomes U+FFFD.
+  EXPECT_NE(SseEvent("token", Json{{"text", std::string("\xff", 1)}}).find("\xef\xbf\xbd"), std::string::npos);
+}
+
+TEST(StopMatcher, CutsBeforeTheStopStringAndHoldsBackPossibleStarts) {
+  StopMatcher m({"The end", "\n\n"});
+  EXPECT_EQ(m.Add("Once upon"), "Once upon");
+  EXPECT_EQ(m.Add(" a time. Th"), " a time. ");  // "Th" could start "The end"
+  EXPECT_EQ(m.Add("e cat"), "The cat");          // it did not
+  EXPECT_EQ(m.Add(". The e"), ". ");
+  EXPECT_EQ(m.Add("nd!"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.Add("more"), "");
+  EXPECT_EQ(m.Finish(), "");
+  EXPECT_EQ(m.text(), "Once upon a time. The cat. ");
+
+  StopMatcher n({"\n\n"});
+  EXPECT_EQ(n.Add("a\n"), "a");
+  EXPECT_EQ(n.Finish(), "\n");  // never completed: shown at the end
+  EXPECT_FALSE(n.stopped());
+  EXPECT_EQ(n.text(), "a\n");
+
+  StopMatcher none({});
+  EXPECT_EQ(none.Add("x"), "x");
+  // Of two stop strings completed by one piece, the one that starts first cuts.
+  StopMatcher two({"bc", "abcd"});
+  EXPECT_EQ(two.Add("xab"), "x");
+  EXPECT_EQ(two.Add("cd"), "");
+  EXPECT_EQ(two.text(), "x");
+}
+
+TEST(UiGenerate, DefaultsAndRefusals) {
+  auto r = ParseUiGenerateRequest(R"({"prompt": "Once upon a time"})");
+  ASSERT_TRUE(std::holds_alternative<UiGenerateRequest>(r));
+  const auto& g = std::get<UiGenerateRequest>(r);
+  EXPECT_EQ(g.max_tokens, 60);
+  EXPECT_EQ(g.temperature, 0.0f);
+  EXPECT_EQ(g.seed, 1234u);
+  EXPECT_FALSE(g.verify);
+  auto bad = ParseUiGenerateRequest(R"({"prompt": "x", "verify": "yes"})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "verify");
+  EXPECT_TRUE(std::holds_alternative<ApiError>(ParseUiGenerateRequest(R"({"prompt": ""})")));
+}
+
+TEST(ApplyTemplate, OtherFieldsBecomeTemplateVariables) {
+  auto r = ParseApplyTemplateRequest(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false, "enable_thinking": false,
+          "chat_template_kwargs": {"x": 1}})");
+  ASSERT_TRUE(std::holds_alternative<ApplyTemplateRequest>(r));
+  const auto& a = std::get<ApplyTemplateRequest>(r);
+  EXPECT_FALSE(a.add_generation_prompt);
+  EXPECT_EQ(a.kwargs["enable_thinking"], false);
+  EXPECT_EQ(a.kwargs["x"], 1);
+  EXPECT_FALSE(a.kwargs.contains("messages"));
+}
+
+TEST(Assets, TheUiIsEmbedded) {
+  const Asset* index = FindAsset("/");
+  ASSERT_NE(index, nullptr);
+  EXPECT_EQ(index, FindAsset("/index.html"));
+  EXPECT_EQ(index->content_type, "text/html; charset=utf-8");
+  EXPECT_NE(index->bytes.find("<"), std::string_view::npos);
+  ASSERT_NE(FindAsset("/app.js"), nullptr);
+  EXPECT_EQ(FindAsset("/app.js")->content_type, "text/javascript; charset=utf-8");
+  ASSERT_NE(FindAsset("/style.css"), nullptr);
+  EXPECT_EQ(FindAsset("/secret.txt"), nullptr);
+}
+
+}  // namespace
+}  // namespace daisy::srv

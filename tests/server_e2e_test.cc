@@ -1,0 +1,606 @@
+// `daisychain serve` end to end with real processes and real sockets on 127.0.0.1: a serve
+// with the bundled model loaded at start and one node joined through the public port (the
+// port mux), then the HTTP surface of docs/HTTP.md through an httplib client.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "e2e_util.h"
+#include "model_maker.h"
+#include "proc_util.h"
+
+namespace daisy {
+namespace {
+
+namespace fs = std::filesystem;
+using e2e::Proc;
+using Json = nlohmann::json;
+
+std::string Stories() {
+  return e2e::Models() + "/stories260K";
+}
+const char* kPrompt = "Once upon a time";
+
+// One serve and one node for the whole suite: every test talks to the same server.
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/daisy_server_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    tmp_ = tmpl;
+    port_ = e2e::FreePort();
+    serve_ = new Proc(Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--name",
+                                   "serve", "--model", Stories()},
+                                  {"DAISY_HOME=" + (tmp_ / "serve").string()}, (tmp_ / "serve.log").string()));
+    node_ =
+        new Proc(Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port_), "--name", "node-1"},
+                             {"DAISY_HOME=" + (tmp_ / "node").string()}, (tmp_ / "node.log").string()));
+    // Ready when the model is listed and the node has joined through the mux.
+    for (int i = 0; i < 600; ++i) {
+      httplib::Client cli("127.0.0.1", port_);
+      auto m = cli.Get("/v1/models");
+      auto s = cli.Get("/api/state");
+      if (m && m->status == 200 && s && s->status == 200) {
+        Json models = Json::parse(m->body, nullptr, false);
+        Json state = Json::parse(s->body, nullptr, false);
+        bool node_in = false;
+        if (state.is_object())
+          for (const auto& d : state["devices"]) node_in = node_in || d["name"] == "node-1";
+        if (models.is_object() && models["data"].size() == 1 && node_in) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "serve never became ready: " << e2e::ReadAll((tmp_ / "serve.log").string());
+  }
+  static void TearDownTestSuite() {
+    delete node_;
+    if (serve_) {
+      serve_->Stop(SIGINT);
+      delete serve_;
+    }
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+
+  static httplib::Client Client() {
+    httplib::Client cli("127.0.0.1", port_);
+    cli.set_read_timeout(60, 0);
+    return cli;
+  }
+  static std::pair<int, Json> PostJson(const std::string& path, const std::string& body) {
+    auto r = Client().Post(path.c_str(), body, "application/json");
+    if (!r) return {-1, Json()};
+    return {r->status, Json::parse(r->body, nullptr, false)};
+  }
+  // POSTs and reads the whole event stream; `stop_after_bytes` > 0 hangs up early.
+  static std::pair<int, std::string> PostStream(const std::string& path, const std::string& body,
+                                                size_t stop_after_bytes = 0) {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    std::string got;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      got.append(data, n);
+      return stop_after_bytes == 0 || got.size() < stop_after_bytes;
+    };
+    auto cli = Client();
+    auto r = cli.send(req);
+    return {r ? r->status : -1, got};
+  }
+  struct Event {
+    std::string name;
+    Json data;
+  };
+  static std::vector<Event> ParseEvents(const std::string& stream) {
+    std::vector<Event> out;
+    size_t at = 0;
+    while (at < stream.size()) {
+      size_t end = stream.find("\n\n", at);
+      if (end == std::string::npos) break;
+      const std::string block = stream.substr(at, end - at);
+      at = end + 2;
+      Event e;
+      std::string data;
+      size_t line_at = 0;
+      while (line_at < block.size()) {
+        size_t nl = block.find('\n', line_at);
+        if (nl == std::string::npos) nl = block.size();
+        const std::string line = block.substr(line_at, nl - line_at);
+        line_at = nl + 1;
+        if (line.rfind("event: ", 0) == 0) e.name = line.substr(7);
+        if (line.rfind("data: ", 0) == 0) data = line.substr(6);
+      }
+      if (data.empty()) continue;  // a comment (": ping")
+      e.data = data == "[DONE]" ? Json("[DONE]") : Json::parse(data, nullptr, false);
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+  // `daisychain generate --json` on one device.
+  static Json Generate(const std::string& prompt, int n) {
+    auto r =
+        e2e::RunCli("DAISY_HOME=" + (tmp_ / "gen").string(),
+                    "generate --model " + Stories() + " --prompt '" + prompt + "' -n " + std::to_string(n) + " --json",
+                    tmp_.string());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return Json::parse(r.out, nullptr, false);
+  }
+  // The completion part of generate's text (it starts with the prompt).
+  static std::string GeneratedCompletion(const std::string& prompt, int n) {
+    Json g = Generate(prompt, n);
+    const std::string text = g["text"].get<std::string>();
+    EXPECT_EQ(text.rfind(prompt, 0), 0u) << text;
+    return text.substr(prompt.size());
+  }
+
+  static fs::path tmp_;
+  static int port_;
+  static Proc* serve_;
+  static Proc* node_;
+};
+fs::path ServerTest::tmp_;
+int ServerTest::port_ = 0;
+Proc* ServerTest::serve_ = nullptr;
+Proc* ServerTest::node_ = nullptr;
+
+TEST_F(ServerTest, ModelsListsTheLoadedModel) {
+  auto r = Client().Get("/v1/models");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_NE(j["data"][0]["id"].get<std::string>().find("stories260K"), std::string::npos);
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["owned_by"], "daisychain");
+}
+
+TEST_F(ServerTest, GreedyCompletionIsTheTextOfGenerate) {
+  auto [status, j] =
+      PostJson("/v1/completions", Json{{"prompt", kPrompt}, {"max_tokens", 30}, {"temperature", 0}}.dump());
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], GeneratedCompletion(kPrompt, 30));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);  // [1, 403, 407, 261, 378]
+  EXPECT_EQ(j["usage"]["completion_tokens"], 30);
+  EXPECT_EQ(j["usage"]["total_tokens"], 35);
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+}
+
+TEST_F(ServerTest, StreamedCompletionHasTheSameTextAndEndsWithDone) {
+  auto [status, stream] = PostStream("/v1/completions", Json{{"prompt", kPrompt},
+                                                             {"max_tokens", 30},
+                                                             {"temperature", 0},
+                                                             {"stream", true},
+                                                             {"stream_options", {{"include_usage", true}}}}
+                                                            .dump());
+  ASSERT_EQ(status, 200);
+  auto events = ParseEvents(stream);
+  ASSERT_GE(events.size(), 3u) << stream;
+  EXPECT_EQ(events.back().data, "[DONE]") << stream;
+  std::string text, finish;
+  Json usage;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json& c = events[i].data;
+    ASSERT_TRUE(c.is_object()) << stream;
+    EXPECT_EQ(c["object"], "text_completion");
+    if (c.contains("usage")) {
+      usage = c["usage"];
+      continue;
+    }
+    text += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, GeneratedCompletion(kPrompt, 30));
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage["completion_tokens"], 30);
+}
+
+TEST_F(ServerTest, StopStringsEndTheTurnAndAreCutFromTheText) {
+  const std::string full = GeneratedCompletion(kPrompt, 40);
+  const size_t at = full.find("Lily");
+  ASSERT_NE(at, std::string::npos) << "the story changed: " << full;
+  auto [status, j] = PostJson(
+      "/v1/completions", Json{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}, {"stop", {"Lily"}}}.dump());
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"], full.substr(0, at));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_LT(j["usage"]["completion_tokens"].get<int>(), 40);
+  // Streamed: no piece of the stop string leaks out before it is recognised.
+  auto [s2, stream] = PostStream(
+      "/v1/completions",
+      Json{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}, {"stop", "Lily"}, {"stream", true}}.dump());
+  ASSERT_EQ(s2, 200);
+  std::string text;
+  for (const auto& e : ParseEvents(stream))
+    if (e.data.is_object()) text += e.data["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, full.substr(0, at));
+}
+
+TEST_F(ServerTest, JsonObjectResponsesParse) {
+  for (int max_tokens : {12, 40}) {
+    auto [status, j] = PostJson("/v1/completions", Json{{"prompt", kPrompt},
+                                                        {"max_tokens", max_tokens},
+                                                        {"temperature", 0},
+                                                        {"response_format", {{"type", "json_object"}}}}
+                                                       .dump());
+    ASSERT_EQ(status, 200) << j.dump();
+    const std::string text = j["choices"][0]["text"];
+    Json parsed = Json::parse(text, nullptr, false);
+    EXPECT_TRUE(parsed.is_object()) << max_tokens << " tokens: " << text;
+    EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), max_tokens);
+  }
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAIShapedErrors) {
+  auto expect_error = [](int status, const Json& j, int want_status, const std::string& param) {
+    EXPECT_EQ(status, want_status) << j.dump();
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << j.dump();
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+    EXPECT_TRUE(j["error"].contains("type") && j["error"].contains("param") && j["error"].contains("code"));
+    if (param.empty())
+      EXPECT_TRUE(j["error"]["param"].is_null()) << j.dump();
+    else
+      EXPECT_EQ(j["error"]["param"], param) << j.dump();
+  };
+  {
+    auto [s, j] = PostJson("/v1/completions", R"({"prompt": "x", "n": 2})");
+    expect_error(s, j, 400, "n");
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  }
+  {
+    auto [s, j] = PostJson("/v1/completions", R"({"prompt": "x", "max_tokens": "ten"})");
+    expect_error(s, j, 400, "max_tokens");
+  }
+  {
+    auto [s, j] = PostJson("/v1/completions", "{not json");
+    expect_error(s, j, 400, "");
+  }
+  {
+    auto [s, j] = PostJson("/v1/completions", R"({"prompt": "x", "model": "someone/else"})");
+    expect_error(s, j, 404, "model");
+    EXPECT_EQ(j["error"]["code"], "model_not_found");
+  }
+  {
+    // A prompt longer than the context (512 positions).
+    std::string longp;
+    for (int i = 0; i < 600; ++i) longp += "Once upon a time ";
+    auto [s, j] = PostJson("/v1/completions", Json{{"prompt", longp}, {"max_tokens", 1}}.dump());
+    expect_error(s, j, 400, "prompt");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("context"), std::string::npos) << j.dump();
+  }
+  {
+    // stories260K has no chat template: chat is refused, naming that.
+    auto [s, j] = PostJson("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})");
+    expect_error(s, j, 400, "messages");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("chat template"), std::string::npos) << j.dump();
+  }
+  {
+    auto r = Client().Get("/v1/nothing");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404);
+    EXPECT_TRUE(Json::parse(r->body, nullptr, false).contains("error"));
+  }
+}
+
+TEST_F(ServerTest, ApplyTemplateIsRefusedForAModelWithoutOne) {
+  auto [s, j] = PostJson("/apply-template", R"({"messages": [{"role": "user", "content": "hi"}]})");
+  EXPECT_EQ(s, 400) << j.dump();
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("chat template"), std::string::npos) << j.dump();
+}
+
+TEST_F(ServerTest, LoadingABadPathGivesAClearErrorAndKeepsTheModel) {
+  const std::string bad = (tmp_ / "no-such-model").string();
+  auto [s, j] = PostJson("/api/load", Json{{"model", bad}}.dump());
+  EXPECT_EQ(s, 400) << j.dump();
+  ASSERT_TRUE(j.contains("error")) << j.dump();
+  EXPECT_NE(j["error"]["message"].get<std::string>().find(bad), std::string::npos) << j.dump();
+  auto r = Client().Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(Json::parse(r->body)["data"].size(), 1u);
+}
+
+TEST_F(ServerTest, StateHasTheDocumentedShape) {
+  auto r = Client().Get("/api/state");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["room"], "default");
+  EXPECT_EQ(j["join"], "daisychain node --join 127.0.0.1:" + std::to_string(port_) + " --room default");
+  EXPECT_EQ(j["auto_approve"], true);
+  EXPECT_FALSE(j["busy"].get<bool>());
+  EXPECT_EQ(j["queue"], 0);
+  int heads = 0;
+  bool node = false;
+  for (const auto& d : j["devices"]) {
+    for (const char* k :
+         {"id", "short", "name", "status", "is_head", "backend", "gemms_per_s", "free_memory", "probe", "compute"})
+      EXPECT_TRUE(d.contains(k)) << k << " in " << d.dump();
+    heads += d["is_head"].get<bool>() ? 1 : 0;
+    if (d["name"] == "node-1") {
+      node = true;
+      EXPECT_EQ(d["status"], "approved");
+      EXPECT_EQ(d["probe"], "ok");
+      EXPECT_TRUE(d["compute"].get<bool>());
+    }
+  }
+  EXPECT_EQ(heads, 1);
+  EXPECT_TRUE(node);
+  const Json& m = j["model"];
+  ASSERT_TRUE(m.is_object()) << j.dump();
+  EXPECT_EQ(m["architecture"], "LlamaForCausalLM");
+  EXPECT_EQ(m["n_layers"], 5);
+  EXPECT_EQ(m["vocab"], 512);
+  EXPECT_EQ(m["ctx"], 512);
+  EXPECT_EQ(m["has_chat_template"], false);
+  const Json& p = j["plan"];
+  ASSERT_TRUE(p.is_object()) << j.dump();
+  ASSERT_FALSE(p["stages"].empty());
+  EXPECT_EQ(p["stages"][0]["first"], 0);
+  EXPECT_EQ(p["stages"].back()["end"], 5);
+  EXPECT_TRUE(p["fits"].get<bool>());
+}
+
+TEST_F(ServerTest, UiGenerateStreamsTokensThenDoneWithTheIdsOfGenerate) {
+  auto [status, stream] = PostStream("/api/generate", Json{{"prompt", kPrompt}, {"max_tokens", 20}}.dump());
+  ASSERT_EQ(status, 200);
+  auto events = ParseEvents(stream);
+  ASSERT_FALSE(events.empty());
+  int tokens = 0;
+  std::string text;
+  for (const auto& e : events) {
+    if (e.name == "token") {
+      ++tokens;
+      text += e.data["text"].get<std::string>();
+    }
+    EXPECT_NE(e.name, "error") << e.data.dump();
+  }
+  EXPECT_EQ(tokens, 20);
+  ASSERT_EQ(events.back().name, "done") << stream;
+  const Json& d = events.back().data;
+  Json g = Generate(kPrompt, 20);
+  EXPECT_EQ(d["ids"], g["ids"]);
+  EXPECT_EQ(d["prompt_ids"], Json::array({1, 403, 407, 261, 378}));
+  EXPECT_EQ(d["text"], text);
+  EXPECT_EQ(std::string(kPrompt) + text, g["text"].get<std::string>());
+  EXPECT_EQ(d["finish_reason"], "length");
+  for (const char* k : {"tokens_per_s", "prefill_ms", "decode_ms", "ring_hops", "stages", "replays", "verified"})
+    EXPECT_TRUE(d.contains(k)) << k;
+}
+
+TEST_F(ServerTest, UiGenerateSplitOverTheJoinedNodeIsVerified) {
+  // The node joined through the public port; a split over it (head + node) runs real laps.
+  auto [status, stream] = PostStream(
+      "/api/generate", Json{{"prompt", kPrompt}, {"max_tokens", 20}, {"stages", 2}, {"verify", true}}.dump());
+  ASSERT_EQ(status, 200);
+  auto events = ParseEvents(stream);
+  ASSERT_FALSE(events.empty());
+  ASSERT_EQ(events.back().name, "done") << stream;
+  const Json& d = events.back().data;
+  EXPECT_EQ(d["ids"], Generate(kPrompt, 20)["ids"]);
+  ASSERT_EQ(d["stages"].size(), 2u) << d.dump();
+  EXPECT_EQ(d["stages"][1]["name"], "node-1");
+  EXPECT_GT(d["ring_hops"].get<int>(), 0);
+  EXPECT_EQ(d["verified"], true) << d.dump();
+}
+
+TEST_F(ServerTest, EventsStreamStartsWithTheState) {
+  std::string got;
+  auto cli = Client();
+  auto r = cli.Get("/api/events", [&](const char* data, size_t n) {
+    got.append(data, n);
+    return got.find("\n\n") == std::string::npos;  // hang up after the first event
+  });
+  ASSERT_EQ(got.rfind("event: state\ndata: ", 0), 0u) << got;
+  Json state = Json::parse(got.substr(got.find("data: ") + 6, got.find("\n\n") - got.find("data: ") - 6));
+  EXPECT_EQ(state["room"], "default");
+}
+
+TEST_F(ServerTest, ConcurrentRequestsQueueAndAllGetTheirAnswer) {
+  const std::string want = GeneratedCompletion(kPrompt, 25);
+  std::vector<std::thread> threads;
+  std::vector<Json> answers(4);
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      answers[i] =
+          PostJson("/v1/completions", Json{{"prompt", kPrompt}, {"max_tokens", 25}, {"temperature", 0}}.dump()).second;
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& a : answers) {
+    ASSERT_TRUE(a.is_object() && a.contains("choices")) << a.dump();
+    EXPECT_EQ(a["choices"][0]["text"], want);
+  }
+}
+
+TEST_F(ServerTest, AClientThatHangsUpDoesNotLeaveTheRingStuck) {
+  // Hang up after the first bytes of a long turn; the next request is served.
+  auto [s, partial] = PostStream("/api/generate", Json{{"prompt", kPrompt}, {"max_tokens", 400}}.dump(), 1);
+  EXPECT_FALSE(partial.empty());
+  auto [status, j] =
+      PostJson("/v1/completions", Json{{"prompt", kPrompt}, {"max_tokens", 5}, {"temperature", 0}}.dump());
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"], GeneratedCompletion(kPrompt, 5));
+  auto r = Client().Get("/api/state");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(Json::parse(r->body)["queue"], 0);
+}
+
+TEST_F(ServerTest, TheWebUiIsServed) {
+  auto r = Client().Get("/");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(r->body.find("<html"), std::string::npos);
+  auto js = Client().Get("/app.js");
+  ASSERT_TRUE(js);
+  EXPECT_EQ(js->status, 200);
+}
+
+TEST(ServeCommand, StartsWithoutAModelAndStopsCleanlyOnCtrlC) {
+  char tmpl[] = "/tmp/daisy_serve_stop_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  const int port = e2e::FreePort();
+  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--no-compute"},
+                           {"DAISY_HOME=" + (tmp / "home").string()}, (tmp / "serve.log").string());
+  bool up = false;
+  for (int i = 0; i < 400 && !up; ++i) {
+    httplib::Client cli("127.0.0.1", port);
+    auto r = cli.Get("/v1/models");
+    up = r && r->status == 200;
+    if (up) {
+      EXPECT_TRUE(Json::parse(r->body)["data"].empty());  // no model yet
+      auto c = cli.Post("/v1/completions", R"({"prompt": "x"})", "application/json");
+      ASSERT_TRUE(c);
+      EXPECT_EQ(c->status, 503);
+      EXPECT_EQ(Json::parse(c->body)["error"]["code"], "model_not_loaded");
+    }
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(up) << e2e::ReadAll((tmp / "serve.log").string());
+  const std::string log = e2e::ReadAll((tmp / "serve.log").string());
+  EXPECT_NE(log.find("web UI: http://127.0.0.1:" + std::to_string(port) + "/"), std::string::npos) << log;
+  EXPECT_NE(log.find("daisychain node --join 127.0.0.1:" + std::to_string(port)), std::string::npos) << log;
+  ::kill(serve.pid(), SIGINT);
+  EXPECT_EQ(serve.Wait(15), 0) << e2e::ReadAll((tmp / "serve.log").string());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+}
+
+TEST(ServeChat, TemplatesRenderAndChatCompletionsRunOnAModelThatHasOne) {
+  // A random-weight 2-layer model with the Qwen3 tokenizer and its chat template.
+  char tmpl[] = "/tmp/daisy_serve_chat_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  modelmaker::MakeOptions mo;
+  mo.tokenizer_dir = std::string(std::getenv("DAISY_TESTDATA")) + "/tokenizers/qwen3";
+  mo.vocab = modelmaker::MakeOptions::kVocabFromTokenizer;
+  mo.n_layers = 2;
+  mo.dtype = modelmaker::WeightDType::kF32;
+  ASSERT_TRUE(modelmaker::MakeModel(modelmaker::PresetShape("tiny-llama-30"), (tmp / "chat").string(), mo).ok());
+  const int port = e2e::FreePort();
+  Proc serve = Proc::Spawn(
+      {e2e::Bin(), "serve", "--port", std::to_string(port), "--no-compute", "--model", (tmp / "chat").string()},
+      {"DAISY_HOME=" + (tmp / "home").string()}, (tmp / "serve.log").string());
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  bool up = false;
+  for (int i = 0; i < 600 && !up; ++i) {
+    auto r = cli.Get("/v1/models");
+    up = r && r->status == 200 && Json::parse(r->body)["data"].size() == 1;
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(up) << e2e::ReadAll((tmp / "serve.log").string());
+  const Json messages = Json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto t =
+      cli.Post("/apply-template", Json{{"messages", messages}, {"enable_thinking", false}}.dump(), "application/json");
+  ASSERT_TRUE(t);
+  ASSERT_EQ(t->status, 200) << t->body;
+  const std::string prompt = Json::parse(t->body)["prompt"];
+  EXPECT_EQ(prompt, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  auto state = cli.Get("/api/state");
+  ASSERT_TRUE(state);
+  EXPECT_EQ(Json::parse(state->body)["model"]["has_chat_template"], true);
+  auto c = cli.Post("/v1/chat/completions",
+                    Json{{"messages", messages},
+                         {"max_tokens", 4},
+                         {"temperature", 0},
+                         {"chat_template_kwargs", {{"enable_thinking", false}}}}
+                        .dump(),
+                    "application/json");
+  ASSERT_TRUE(c);
+  ASSERT_EQ(c->status, 200) << c->body;
+  Json j = Json::parse(c->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_string());
+  // The rendered prompt, tokenized without extra special tokens: im_start, user, \n, hi, ...
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 8);
+  EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 4);
+  ::kill(serve.pid(), SIGINT);
+  EXPECT_EQ(serve.Wait(15), 0);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+}
+
+TEST(ServeQueue, ARequestWaitsBehindTheRingHolderAndLeavesTheQueueWhenItsClientGoes) {
+  // A "Hub" that accepts connections and never answers: a load from it holds the ring.
+  int hub = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(hub, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(hub, 16), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(hub, reinterpret_cast<sockaddr*>(&a), &len);
+  const int hub_port = ntohs(a.sin_port);
+
+  char tmpl[] = "/tmp/daisy_serve_queue_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  const int port = e2e::FreePort();
+  auto serve = std::make_unique<Proc>(
+      Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--no-compute", "--model", Stories()},
+                  {"DAISY_HOME=" + (tmp / "home").string(), "HF_ENDPOINT=http://127.0.0.1:" + std::to_string(hub_port),
+                   "HF_TOKEN="},
+                  (tmp / "serve.log").string()));
+  auto state = [&]() -> Json {
+    httplib::Client cli("127.0.0.1", port);
+    auto r = cli.Get("/api/state");
+    return r && r->status == 200 ? Json::parse(r->body, nullptr, false) : Json();
+  };
+  auto wait_for = [&](const std::function<bool(const Json&)>& pred) {
+    for (int i = 0; i < 400; ++i) {
+      Json s = state();
+      if (s.is_object() && pred(s)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for([](const Json& s) { return s["model"].is_object(); }))
+      << e2e::ReadAll((tmp / "serve.log").string());
+
+  std::thread loader([&] {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(120, 0);
+    (void)cli.Post("/api/load", R"({"model": "someone/slow-model"})", "application/json");
+  });
+  EXPECT_TRUE(wait_for([](const Json& s) { return s["busy"] == true; }));
+
+  // A turn asked for now waits: its stream says so, and the state counts it.
+  std::string got;
+  std::thread waiter([&] {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/api/generate";
+    req.body = R"({"prompt": "Once upon a time", "max_tokens": 5})";
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      got.append(data, n);
+      return got.find("event: queued") == std::string::npos ||
+             got.find("\n\n", got.find("event: queued")) == std::string::npos;
+    };
+    httplib::Client cli("127.0.0.1", port);
+    (void)cli.send(req);  // returns when the receiver hangs up
+  });
+  waiter.join();
+  EXPECT_NE(got.find("event: queued\ndata: {\"position\":1}"), std::string::npos) << got;
+  // The client that hung up leaves the queue; the ring holder is still there.
+  EXPECT_TRUE(wait_for([](const Json& s) { return s["queue"] == 0 && s["busy"] == true; }))
+      << e2e::ReadAll((tmp / "serve.log").string());
+  serve.reset();  // SIGKILL: the loader's request ends
+  loader.join();
+  ::close(hub);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+}
+
+}  // namespace
+}  // namespace daisy
