@@ -68,12 +68,16 @@ class RingTest : public ::testing::Test {
     if (!compute) args.push_back("--no-compute");
     serve_ = Proc::Spawn(args, BaseEnv("serve"), (tmp_ / "serve.log").string());
   }
-  // Waits until the rendezvous has admitted `n` devices (serve logs each join).
+  // Waits until the rendezvous has admitted `n` of the nodes StartNodes started (serve logs
+  // each join as "device NAME (id) joined room"; serve's own head joins too, and is not counted).
   void WaitForJoined(int n) {
     for (int i = 0; i < 200; ++i) {
       const std::string log = e2e::ReadAll((tmp_ / "serve.log").string());
       int joined = 0;
-      for (size_t at = log.find("joined room"); at != std::string::npos; at = log.find("joined room", at + 1)) ++joined;
+      for (size_t at = log.find("device node-"); at != std::string::npos; at = log.find("device node-", at + 1)) {
+        const size_t eol = log.find('\n', at);
+        if (log.substr(at, eol == std::string::npos ? std::string::npos : eol - at).find("joined room") != std::string::npos) ++joined;
+      }
       if (joined >= n) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -203,6 +203,13 @@ struct Server::Impl {
   std::list<std::shared_ptr<Listener>> listeners;
   std::atomic<bool> poke{false};  // recompute the snapshot now
   std::string plan_key;           // what the cached plan was computed for
+  // The split a turn uses when its request names none (POST /api/load "stages", serve
+  // --stages); 0: automatic (the head alone when it can hold the model).
+  std::atomic<int> default_stages{0};
+  std::optional<int> DefaultStages() const {
+    const int n = default_stages.load();
+    return n > 0 ? std::optional<int>(n) : std::nullopt;
+  }
   Json plan_json;                 // null, or the last preview
 
   // ----- events -----
@@ -274,12 +281,13 @@ struct Server::Impl {
       plan_json = nullptr;
       plan_key.clear();
     } else if (may_plan && !is_busy) {
-      std::string key = model->model_id + "@" + model->revision + "/" + std::to_string(model->ctx);
+      std::string key = model->model_id + "@" + model->revision + "/" + std::to_string(model->ctx) + "/" +
+                        std::to_string(default_stages.load());
       for (const auto& d : devices)
         if (d["status"] == "approved")
           key += "|" + d["id"].get<std::string>() + ":" + std::to_string(d["free_memory"].get<uint64_t>());
       if (key != plan_key) {
-        auto plan = options.session->PreviewPlan();
+        auto plan = options.session->PreviewPlan(DefaultStages());
         if (plan.ok()) {
           plan_json = PlanJson(*plan);
         } else {
@@ -688,10 +696,17 @@ struct Server::Impl {
         return SendError(res, srv::BadRequest("'ctx' must be a non-negative integer (0: the model's default)", "ctx"));
       ctx = static_cast<int>(j["ctx"].get<int64_t>());
     }
+    int stages = 0;
+    if (j.contains("stages") && !j["stages"].is_null()) {
+      if (!j["stages"].is_number_integer() || j["stages"].get<int64_t>() < 0 || j["stages"].get<int64_t>() > 64)
+        return SendError(res, srv::BadRequest("'stages' must be an integer from 0 (automatic) to 64", "stages"));
+      stages = static_cast<int>(j["stages"].get<int64_t>());
+    }
     auto m = LoadModel(j["model"].get<std::string>(), ctx);
     if (!m.ok()) return SendError(res, FromStatus(m.status(), "model"));
+    default_stages.store(stages);
     Json plan = nullptr;
-    auto p = options.session->PreviewPlan();
+    auto p = options.session->PreviewPlan(DefaultStages());
     if (p.ok()) {
       plan = PlanJson(*p);
     } else {
@@ -738,7 +753,7 @@ struct Server::Impl {
     spec.ctx = r.ctx;
     spec.verify = r.verify;
     spec.json = r.json;
-    spec.stages = r.stages;
+    spec.stages = r.stages ? r.stages : DefaultStages();
     SetStreamHeaders(res);
     res.set_chunked_content_provider("text/event-stream", [this, spec](size_t, httplib::DataSink& sink) {
       auto box = std::make_shared<Outbox>();
@@ -906,6 +921,7 @@ struct Server::Impl {
     spec.json = r.json_object;
     spec.conversation = r.user;
     spec.stops = r.stop;
+    spec.stages = DefaultStages();
 
     srv::CompletionResult base;
     base.id = srv::NewCompletionId(chat);

@@ -1,0 +1,223 @@
+// Shared helpers of the web tests: paths from the environment, free ports, child
+// processes in their own process groups (killed at the end whatever happens), waiting.
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+export const SOURCE_DIR = path.resolve(here, '..', '..');
+
+export class TestFailure extends Error {}
+
+export function fail(message) {
+  throw new TestFailure(message);
+}
+
+export function check(cond, message) {
+  if (!cond) fail(message);
+}
+
+const INSTALL_HINT = 'run scripts/install-deps.sh (it installs Debian chromium and runs npm ci in tests/web)';
+
+// Imports an npm package of tests/web, failing clearly when node_modules is missing.
+export async function importPackage(name) {
+  try {
+    return await import(name);
+  } catch (e) {
+    fail(`cannot load the npm package '${name}' (${e.code || e.message}): ${INSTALL_HINT}`);
+  }
+}
+
+export function env() {
+  const binDir = process.env.DAISY_BIN_DIR || path.join(SOURCE_DIR, 'build', 'apps', 'cli');
+  const bin = path.join(binDir, 'daisychain');
+  const models = process.env.DAISY_MODELS || path.join(SOURCE_DIR, 'models');
+  const artifacts = process.env.DAISY_ARTIFACT_DIR || path.join(SOURCE_DIR, 'build', 'artifacts');
+  const chromium = process.env.DAISY_CHROMIUM || '/usr/bin/chromium';
+  return { bin, binDir, models, artifacts, chromium };
+}
+
+export function requireFile(file, what, hint) {
+  if (!fs.existsSync(file)) fail(`${what} not found at ${file}${hint ? ': ' + hint : ''}`);
+}
+
+export function requireChromium(file) {
+  requireFile(file, 'chromium', INSTALL_HINT);
+}
+
+// A port that was free a moment ago (bind 127.0.0.1:0, read it, close).
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+export function tempDir(prefix) {
+  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+}
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+const allProcs = [];  // every Procs, for the watchdog
+
+// Children, each the leader of its own process group, with output captured to a log file.
+export class Procs {
+  constructor(logDir) {
+    this.logDir = logDir;
+    this.list = [];
+    allProcs.push(this);
+  }
+
+  start(name, cmd, args, extraEnv = {}) {
+    const logFile = path.join(this.logDir, name + '.log');
+    const fd = fs.openSync(logFile, 'a');
+    fs.writeSync(fd, `$ ${cmd} ${args.join(' ')}\n`);
+    const child = spawn(cmd, args, {
+      env: { ...process.env, ...extraEnv },
+      stdio: ['ignore', fd, fd],
+      detached: true,  // its own process group: we kill the whole group
+    });
+    fs.closeSync(fd);
+    const p = { name, child, logFile, exited: false, code: null, signal: null };
+    child.on('exit', (code, signal) => {
+      p.exited = true;
+      p.code = code;
+      p.signal = signal;
+    });
+    child.on('error', (e) => {
+      p.exited = true;
+      p.error = e;
+    });
+    this.list.push(p);
+    return p;
+  }
+
+  log(name) {
+    const p = this.list.find((x) => x.name === name);
+    if (!p) return '';
+    try {
+      return fs.readFileSync(p.logFile, 'utf8');
+    } catch (_) {
+      return '';
+    }
+  }
+
+  tail(name, lines = 60) {
+    const all = this.log(name).split('\n');
+    return all.slice(-lines).join('\n');
+  }
+
+  // Fails when a process has died.
+  checkAlive() {
+    for (const p of this.list) {
+      if (p.exited) {
+        fail(`${p.name} exited early (${p.error ? p.error.message : p.signal ? 'signal ' + p.signal : 'code ' + p.code}); its log ends:\n${this.tail(p.name, 40)}`);
+      }
+    }
+  }
+
+  // SIGTERM to every group, then SIGKILL to what is left after a grace period.
+  async stopAll(graceMs = 3000) {
+    const alive = () => this.list.filter((p) => !p.exited && p.child.pid);
+    for (const p of alive()) {
+      try { process.kill(-p.child.pid, 'SIGTERM'); } catch (_) { /* gone */ }
+    }
+    const until = Date.now() + graceMs;
+    while (alive().length && Date.now() < until) await sleep(50);
+    for (const p of this.list) {
+      if (!p.child.pid) continue;
+      // The group may hold children even when the leader is gone.
+      try { process.kill(-p.child.pid, 'SIGKILL'); } catch (_) { /* gone */ }
+    }
+  }
+}
+
+// Kills the children if the test runner itself is told to stop.
+export function killOnSignals(procs) {
+  for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+    process.on(sig, () => {
+      for (const p of procs.list) {
+        try { process.kill(-p.child.pid, 'SIGKILL'); } catch (_) { /* gone */ }
+      }
+      process.exit(1);
+    });
+  }
+}
+
+export async function waitFor(what, fn, { timeoutMs = 30000, intervalMs = 100, procs } = {}) {
+  const until = Date.now() + timeoutMs;
+  let last;
+  for (;;) {
+    if (procs) procs.checkAlive();
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (e) {
+      if (e instanceof TestFailure) throw e;
+      last = e;
+    }
+    if (Date.now() > until) fail(`timed out after ${timeoutMs / 1000} s waiting for ${what}${last ? ' (last error: ' + last.message + ')' : ''}`);
+    await sleep(intervalMs);
+  }
+}
+
+export async function getJSON(url) {
+  const res = await fetch(url, { signal: AbortSignal.timeout(5000) });
+  if (!res.ok) throw new Error(`GET ${url}: HTTP ${res.status} ${await res.text()}`);
+  return res.json();
+}
+
+export async function postJSON(url, body) {
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(60000),
+  });
+  const text = await res.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch (_) { /* not JSON */ }
+  return { status: res.status, json, text };
+}
+
+// Waits until `serve` answers GET /api/state.
+export async function waitForServe(base, procs, timeoutMs = 30000) {
+  return waitFor(`${base}/api/state to answer`, () => getJSON(`${base}/api/state`), { timeoutMs, procs, intervalMs: 200 });
+}
+
+// Runs main(); prints a clear failure and sets a non-zero exit code. A watchdog ends a
+// test that hangs (before CTest's own timeout) with the logs and every child killed.
+export async function runTest(name, main, { watchdogS = 160 } = {}) {
+  const t0 = Date.now();
+  const watchdog = setTimeout(() => {
+    console.error(`FAIL ${name}: still running after ${watchdogS} s (hung?)`);
+    for (const procs of allProcs) {
+      for (const p of procs.list) {
+        console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
+        try { process.kill(-p.child.pid, 'SIGKILL'); } catch (_) { /* gone */ }
+      }
+      console.error(`logs kept in ${procs.logDir}`);
+    }
+    process.exit(1);
+  }, watchdogS * 1000);
+  watchdog.unref();
+  try {
+    await main();
+    console.log(`PASS ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+    process.exitCode = 0;
+  } catch (e) {
+    console.error(`FAIL ${name}: ${e instanceof TestFailure ? e.message : e && e.stack ? e.stack : e}`);
+    process.exitCode = 1;
+  } finally {
+    clearTimeout(watchdog);
+  }
+}
