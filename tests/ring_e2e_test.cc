@@ -7,11 +7,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sys/stat.h>
 #include <thread>
 
 #include "daisy/model.h"
 #include "daisy/safetensors.h"
 #include "e2e_util.h"
+#include "flipping_proxy.h"
 #include "model_maker.h"
 #include "proc_util.h"
 #include "test_hub.h"
@@ -249,11 +251,12 @@ TEST_F(RingTest, EachDeviceDownloadsOnlyItsOwnLayersAndOnlyTheHeadTheEmbedding) 
 std::vector<std::string> NodeIdsSorted(const fs::path& tmp, int n) {
   std::vector<std::string> ids;
   for (int i = 1; i <= n; ++i) {
+    // The device id is the key's fingerprint without dashes (`daisychain id` prints it).
+    const fs::path home = tmp / ("node-" + std::to_string(i));
+    auto r = e2e::RunCli("DAISY_HOME=" + home.string(), "id", tmp.string());
     std::string id;
-    for (int tries = 0; tries < 200 && id.empty(); ++tries) {
-      std::ifstream(tmp / ("node-" + std::to_string(i)) / "id-node") >> id;
-      if (id.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    for (char c : r.out)
+      if (std::isxdigit(static_cast<unsigned char>(c))) id += c;
     ids.push_back(id);
   }
   return ids;
@@ -349,6 +352,65 @@ TEST_F(RingTest, ASecondPromptWaitsForTheTurnInProgress) {
   EXPECT_EQ(nlohmann::json::parse(la.substr(la.rfind("\n{") + 1))["ids"].get<std::vector<int>>(), want_a);
   EXPECT_EQ(nlohmann::json::parse(lb.substr(lb.rfind("\n{") + 1))["ids"].get<std::vector<int>>(), want_b);
   EXPECT_NE(lb.find("waiting for the turn in progress"), std::string::npos) << lb;
+}
+
+// Every link is CURVE: a frame flipped in flight between the head and a stage fails
+// authentication, the stage drops that connection (the frame never reaches the node), the
+// head sees the link break, re-plans without that stage and replays the turn, which gives
+// the single-device ids.
+TEST_F(RingTest, AFrameTamperedWithInFlightBreaksTheLinkAndTheTurnIsReplayedWithoutThatStage) {
+  StartServe(/*compute=*/false);
+  const int inbox = e2e::FreePort();
+  // Past the greeting and the CURVE handshake: the flip lands in a frame of the turn.
+  test::FlippingProxy proxy(inbox, 1500);
+  procs_.push_back(Proc::Spawn({e2e::Bin(), "node", "--join", Join(), "--name", "node-tampered", "--port", std::to_string(inbox),
+                                "--advertise", "127.0.0.1:" + std::to_string(proxy.port())},
+                               BaseEnv("node-tampered"), (tmp_ / "node-tampered.log").string()));
+  WaitForJoined(1);
+  const auto want = GenerateIds(Stories(), "Once upon a time", 24);
+  auto [rc, j] = Run({"--model", Stories(), "--prompt", "Once upon a time", "-n", "24", "--stages", "2", "--verify",
+                      "--lap-timeout", "10"});
+  ASSERT_EQ(rc, 0) << last_run_log_;
+  ASSERT_TRUE(j.is_object()) << last_run_log_;
+  EXPECT_GE(proxy.flipped(), 1);
+  EXPECT_NE(last_run_log_.find("node-tampered"), std::string::npos) << "the first plan did not use the proxied stage: " << last_run_log_;
+  EXPECT_EQ(j["replays"], 1) << last_run_log_;
+  EXPECT_NE(last_run_log_.find("broke"), std::string::npos) << last_run_log_;  // seen at once, not after a stall
+  EXPECT_EQ(j["plan"].size(), 1u) << last_run_log_;  // re-planned without it
+  EXPECT_TRUE(j["verified"].get<bool>()) << last_run_log_;
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
+  // The flipped frame never reached the node's code: CURVE refused it first (without
+  // encryption the node would have refused a damaged hop itself).
+  const std::string node_log = e2e::ReadAll((tmp_ / "node-tampered.log").string());
+  EXPECT_EQ(node_log.find("refused"), std::string::npos) << node_log;
+}
+
+// `daisychain id`: the key pair is made on first use with mode 0600 and kept; the same
+// fingerprint every time, another for another DAISY_HOME or role.
+TEST(IdCommand, PrintsTheSameFingerprintFromAKeyFileOnlyTheUserCanRead) {
+  char tmpl[] = "/tmp/daisy_id_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  const std::string home = "DAISY_HOME=" + (tmp / "home").string();
+  auto first = e2e::RunCli(home, "id", tmp.string());
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(first.out.size(), 20u) << first.out;  // "ab12-cd34-ef56-7890\n"
+  struct stat st{};
+  const fs::path key = tmp / "home" / "keys" / "node.key";
+  ASSERT_EQ(::stat(key.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(e2e::RunCli(home, "id", tmp.string()).out, first.out);
+  EXPECT_NE(e2e::RunCli(home, "id --role head", tmp.string()).out, first.out);
+  EXPECT_NE(e2e::RunCli("DAISY_HOME=" + (tmp / "other").string(), "id", tmp.string()).out, first.out);
+  // Readable by others: refused, never replaced.
+  ::chmod(key.c_str(), 0644);
+  auto refused = e2e::RunCli(home, "id", tmp.string());
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("chmod 600"), std::string::npos) << refused.err;
+  ::chmod(key.c_str(), 0600);
+  EXPECT_EQ(e2e::RunCli(home, "id", tmp.string()).out, first.out);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
 }
 
 }  // namespace

@@ -313,15 +313,20 @@ TEST_F(ServerTest, StateHasTheDocumentedShape) {
   ASSERT_EQ(r->status, 200);
   Json j = Json::parse(r->body);
   EXPECT_EQ(j["room"], "default");
-  EXPECT_EQ(j["join"], "daisychain node --join 127.0.0.1:" + std::to_string(port_) + " --room default");
+  auto key = Client().Get("/api/key");
+  ASSERT_TRUE(key);
+  ASSERT_EQ(key->status, 200);
+  const std::string fpr = Json::parse(key->body)["fingerprint"];
+  EXPECT_EQ(fpr.size(), 19u);
+  EXPECT_EQ(j["join"], "daisychain node --join 127.0.0.1:" + std::to_string(port_) + " --room default --server-key " + fpr);
   EXPECT_EQ(j["auto_approve"], true);
   EXPECT_FALSE(j["busy"].get<bool>());
   EXPECT_EQ(j["queue"], 0);
   int heads = 0;
   bool node = false;
   for (const auto& d : j["devices"]) {
-    for (const char* k :
-         {"id", "short", "name", "status", "is_head", "backend", "gemms_per_s", "free_memory", "probe", "compute"})
+    for (const char* k : {"id", "short", "fingerprint", "name", "status", "is_head", "backend", "gemms_per_s",
+                          "free_memory", "probe", "compute"})
       EXPECT_TRUE(d.contains(k)) << k << " in " << d.dump();
     heads += d["is_head"].get<bool>() ? 1 : 0;
     if (d["name"] == "node-1") {
@@ -472,6 +477,103 @@ TEST(ServeCommand, StartsWithoutAModelAndStopsCleanlyOnCtrlC) {
   EXPECT_EQ(serve.Wait(15), 0) << e2e::ReadAll((tmp / "serve.log").string());
   std::error_code ec;
   fs::remove_all(tmp, ec);
+}
+
+// Joining by approved keys: a device waits, shows its fingerprint, gets nothing until the
+// host approves that fingerprint (the UI's Approve sends the id /api/state lists); a wrong
+// --server-key is refused; `serve --approve FPR` admits a known device up front.
+TEST(ServeJoin, ADeviceWaitsWithItsFingerprintUntilTheHostApprovesIt) {
+  char tmpl[] = "/tmp/daisy_serve_join_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  const std::string node_home = "DAISY_HOME=" + (tmp / "node").string();
+  // The known device's fingerprint, from `daisychain id` in its own home.
+  auto known_id = e2e::RunCli("DAISY_HOME=" + (tmp / "known").string(), "id", tmp.string());
+  ASSERT_EQ(known_id.exit_code, 0) << known_id.err;
+  const std::string known_fpr = known_id.out.substr(0, 19);
+  const int port = e2e::FreePort();
+  const std::string hp = "127.0.0.1:" + std::to_string(port);
+  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--no-compute", "--approve", known_fpr},
+                           {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
+  httplib::Client cli("127.0.0.1", port);
+  std::string server_fpr;
+  for (int i = 0; i < 400 && server_fpr.empty(); ++i) {
+    auto r = cli.Get("/api/key");
+    if (r && r->status == 200) server_fpr = Json::parse(r->body)["fingerprint"];
+    if (server_fpr.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(server_fpr.empty()) << e2e::ReadAll((tmp / "serve.log").string());
+  EXPECT_NE(e2e::ReadAll((tmp / "serve.log").string()).find("server key fingerprint: " + server_fpr), std::string::npos);
+
+  // A wrong --server-key: refused loudly, nothing asked.
+  std::string wrong = server_fpr;
+  wrong[0] = wrong[0] == '0' ? '1' : '0';
+  Proc liar = Proc::Spawn({e2e::Bin(), "node", "--join", hp, "--name", "n-wrong", "--server-key", wrong},
+                          {"DAISY_HOME=" + (tmp / "wrong").string()}, (tmp / "wrong.log").string());
+  EXPECT_NE(liar.Wait(30), 0);
+  EXPECT_NE(e2e::ReadAll((tmp / "wrong.log").string()).find("not the " + wrong), std::string::npos)
+      << e2e::ReadAll((tmp / "wrong.log").string());
+
+  // The device asks and waits, showing its fingerprint; the host sees the same one.
+  Proc node = Proc::Spawn({e2e::Bin(), "node", "--join", hp, "--name", "n-pending", "--server-key", server_fpr},
+                          {node_home}, (tmp / "node.log").string());
+  Json pending;
+  for (int i = 0; i < 400 && pending.is_null(); ++i) {
+    auto r = cli.Get("/api/state");
+    if (r && r->status == 200) {
+      const Json state = Json::parse(r->body);
+      for (const auto& d : state["devices"])
+        if (d["name"] == "n-pending") pending = d;
+    }
+    if (pending.is_null()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(pending.is_null()) << e2e::ReadAll((tmp / "serve.log").string());
+  EXPECT_EQ(pending["status"], "pending");
+  const std::string fpr = pending["fingerprint"];
+  EXPECT_EQ(pending["short"], fpr);
+  std::string log;
+  for (int i = 0; i < 100 && log.find("waiting for the host to approve") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    log = e2e::ReadAll((tmp / "node.log").string());
+  }
+  EXPECT_NE(log.find("waiting for the host to approve " + fpr), std::string::npos) << log;
+  // Pending: no peer list, no room.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(e2e::ReadAll((tmp / "node.log").string()).find("in room"), std::string::npos);
+  // The UI's Approve sends the listed id.
+  auto a = cli.Post("/api/approve", Json{{"id", pending["id"]}}.dump(), "application/json");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->status, 200) << a->body;
+  bool joined = false;
+  for (int i = 0; i < 200 && !joined; ++i) {
+    joined = e2e::ReadAll((tmp / "node.log").string()).find("in room 'default'") != std::string::npos;
+    if (!joined) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(joined) << e2e::ReadAll((tmp / "node.log").string());
+
+  // The pre-approved device joins without anyone approving it.
+  Proc known = Proc::Spawn({e2e::Bin(), "node", "--join", hp, "--name", "n-known"},
+                           {"DAISY_HOME=" + (tmp / "known").string()}, (tmp / "known.log").string());
+  bool known_in = false;
+  for (int i = 0; i < 200 && !known_in; ++i) {
+    known_in = e2e::ReadAll((tmp / "known.log").string()).find("in room 'default'") != std::string::npos;
+    if (!known_in) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(known_in) << e2e::ReadAll((tmp / "known.log").string());
+  // Trust on first use: it printed the server's fingerprint and remembered it.
+  EXPECT_NE(e2e::ReadAll((tmp / "known.log").string()).find("has key fingerprint " + server_fpr), std::string::npos);
+  EXPECT_NE(e2e::ReadAll((tmp / "known" / "known_servers").string()).find(hp), std::string::npos);
+  // A malformed join request is refused by name.
+  auto bad = cli.Post("/api/join", R"({"room": "default", "public_key": "nope"})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  node.Stop(SIGTERM);
+  known.Stop(SIGTERM);
+  serve.Stop(SIGTERM);
+  if (!HasFailure()) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  }
 }
 
 TEST(ServeChat, TemplatesRenderAndChatCompletionsRunOnAModelThatHasOne) {

@@ -15,6 +15,7 @@
 #include "daisy/head.h"
 #include "daisy/log.h"
 #include "daisy/net.h"
+#include "daisy/server.h"
 #include "ring_common.h"
 
 namespace daisy::cli {
@@ -43,14 +44,16 @@ std::string FindBundledModel() {
   return "";
 }
 
-pid_t SpawnNode(const std::string& join, const std::string& home, const std::string& name, const std::string& log) {
+pid_t SpawnNode(const std::string& join, const std::string& server_key, const std::string& home, const std::string& name,
+                const std::string& log) {
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   ::setenv("DAISY_HOME", home.c_str(), 1);
   ::unsetenv("DAISY_CACHE_DIR");
   FILE* out = std::freopen(log.c_str(), "w", stdout);
   if (out) ::dup2(::fileno(stdout), STDERR_FILENO);
-  ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--name", name.c_str(), static_cast<char*>(nullptr));
+  ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--server-key", server_key.c_str(), "--name",
+          name.c_str(), static_cast<char*>(nullptr));
   std::_Exit(127);
 }
 
@@ -62,12 +65,26 @@ int RunDemo(const DemoFlags& f) {
   const fs::path tmp = tmpl;
   SetLogLevel(LogLevel::kWarning);
 
+  // The room as serve runs it, on one port: the rendezvous (ZeroMQ, CURVE) and its join
+  // endpoints (HTTP) behind the port mux. Every device here is ours, so every key that asks
+  // is approved; the links are encrypted and authenticated all the same.
   net::RendezvousOptions ro;
   ro.port = 0;
-  ro.auto_approve = true;  // every device here is ours
+  ro.auto_approve = true;
   auto rv = net::Rendezvous::Start(ro);
   if (!rv.ok()) return ReportError(rv.status().message());
-  const std::string join = "127.0.0.1:" + (*rv)->address().substr((*rv)->address().rfind(':') + 1);
+  JoinServerOptions jo;
+  jo.rendezvous = rv->get();
+  auto join_server = JoinServer::Start(jo);
+  if (!join_server.ok()) return ReportError(join_server.status().message());
+  net::PortMuxOptions mo;
+  mo.port = 0;
+  mo.zmq_port = std::stoi((*rv)->address().substr((*rv)->address().rfind(':') + 1));
+  mo.http_port = (*join_server)->port();
+  auto mux = net::PortMux::Start(mo);
+  if (!mux.ok()) return ReportError(mux.status().message());
+  const std::string join = "127.0.0.1:" + std::to_string((*mux)->port());
+  const std::string server_fpr = net::Fingerprint((*rv)->public_key());
   std::printf("DaisyChain demo: a rendezvous on %s, %d node processes and this head, on %s\n\n", join.c_str(), f.nodes, model.c_str());
   std::fflush(stdout);
 
@@ -76,12 +93,13 @@ int RunDemo(const DemoFlags& f) {
     const std::string name = "node-" + std::to_string(i + 1);
     const fs::path home = tmp / name;
     fs::create_directories(home);
-    pids.push_back(SpawnNode(join, home.string(), name, (tmp / (name + ".log")).string()));
+    pids.push_back(SpawnNode(join, server_fpr, home.string(), name, (tmp / (name + ".log")).string()));
   }
   ::setenv("DAISY_HOME", (tmp / "head").c_str(), 1);
 
   HeadOptions o;
   o.rendezvous = "tcp://" + join;
+  o.admission = (*rv)->LocalAdmission(/*trusted=*/true);
   o.name = "head";
   o.model = model;
   o.hub.cache_dir = (tmp / "head/cache").string();

@@ -16,6 +16,9 @@ struct NodeFlags {
   std::string room = "default";
   std::string name;
   std::string host = "127.0.0.1";
+  int port = 0;
+  std::string advertise;
+  std::string server_key;
   bool no_cache = false;
 };
 
@@ -28,6 +31,9 @@ int RunNodeCommand(const NodeFlags& f) {
   o.room = f.room;
   o.name = f.name;
   o.bind_host = f.host;
+  o.port = f.port;
+  o.advertise = f.advertise;
+  o.server_key = f.server_key;
   o.hub.use_cache = !f.no_cache;
   o.hub.cache_dir = DeviceCacheDir();
   o.hub.progress = TerminalProgressBar("layers");
@@ -45,7 +51,14 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--join", f->join, "HOST:PORT of `daisychain serve`")->required();
   sub->add_option("--room", f->room, "Room code (default: default)");
   sub->add_option("--name", f->name, "Name shown to the others (default: the host name)");
+  sub->add_option("--server-key", f->server_key,
+                  "Fingerprint of the server's key, as `daisychain serve` prints it; without it the key is trusted on "
+                  "first use and remembered in DAISY_HOME");
   sub->add_option("--host", f->host, "Address the other devices reach this one at (default 127.0.0.1)");
+  sub->add_option("--port", f->port, "Port of this device's inbox (default: any free port)")->check(CLI::Range(0, 65535));
+  sub->add_option("--advertise", f->advertise,
+                  "HOST:PORT the other devices are told to send to, when it differs from --host and --port (a relay "
+                  "or port forward)");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk slice cache");
   return [f] { return RunNodeCommand(*f); };
 });

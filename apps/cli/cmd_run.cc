@@ -30,6 +30,8 @@ struct RunFlags {
   uint64_t audit_seed = 0;
   bool json = false;
   bool no_cache = false;
+  std::string server_key;
+  double lap_timeout = 60;
 };
 
 Result<std::vector<int>> ParsePlan(const std::string& s) {
@@ -55,6 +57,8 @@ int RunRun(const RunFlags& f) {
   if (!addr.ok()) return ReportError(addr.status().message(), 2);
   HeadOptions o;
   o.rendezvous = *addr;
+  o.server_key = f.server_key;
+  o.lap_timeout_s = f.lap_timeout;
   o.room = f.room;
   o.name = f.name;
   o.bind_host = f.host;
@@ -97,6 +101,11 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--model", f->model, "Local folder or Hub repo id owner/name[@revision]")->required();
   sub->add_option("--prompt", f->prompt, "The prompt text")->required();
   sub->add_option("--room", f->room, "Room code (default: default)");
+  sub->add_option("--server-key", f->server_key,
+                  "Fingerprint of the server's key, as `daisychain serve` prints it; without it the key is trusted on "
+                  "first use and remembered in DAISY_HOME");
+  sub->add_option("--lap-timeout", f->lap_timeout, "Seconds a lap may take before the ring counts as stalled (default 60)")
+      ->check(CLI::Range(1.0, 3600.0));
   sub->add_option("--name", f->name, "Name of this device (default: the host name)");
   sub->add_option("--host", f->host, "Address the stages reach this device at (default 127.0.0.1)");
   AddGenFlags(sub, f->gen);

@@ -31,8 +31,12 @@ struct ServeFlags {
   std::string model;
   int ctx = 0;
   bool auto_approve = false;
+  std::vector<std::string> approve;
   bool no_compute = false;
   bool no_cache = false;
+  int stages = 0;
+  double audit = 0;
+  uint64_t audit_seed = 0;
 };
 
 int PortOf(const std::string& tcp_address) {
@@ -42,12 +46,22 @@ int PortOf(const std::string& tcp_address) {
 int RunServe(const ServeFlags& f) {
   InstallStopSignals();
   // The rendezvous and the HTTP server listen on loopback only; the mux is the public port.
+  // The rendezvous's key pair is this device's "rendezvous" identity: devices that joined
+  // once remember its fingerprint, so it stays the same from run to run.
+  auto rv_keys = DeviceKeys(DeviceHome(), "rendezvous");
+  if (!rv_keys.ok()) return ReportError(rv_keys.status().message());
   net::RendezvousOptions ro;
   ro.host = "127.0.0.1";
   ro.port = 0;
   ro.auto_approve = f.auto_approve;
+  ro.keys = *rv_keys;
   auto rv = net::Rendezvous::Start(ro);
   if (!rv.ok()) return ReportError(rv.status().message());
+  for (const auto& fpr : f.approve) {
+    Status st = (*rv)->PreApprove(f.room, fpr);
+    if (!st.ok()) return ReportError(st.message(), 2);
+  }
+  const std::string server_fpr = net::Fingerprint((*rv)->public_key());
 
   HubOptions hub;
   hub.use_cache = !f.no_cache;
@@ -55,32 +69,8 @@ int RunServe(const ServeFlags& f) {
   hub.allow_token_prompt = false;  // requests come over HTTP: no terminal to ask on
 
   // This process's own devices (its head and its compute device) are admitted without
-  // asking, whatever --auto-approve says; they may join again later (after a stall), so
-  // the watch runs as long as serve does.
-  std::vector<std::string> own_ids;
-  for (const char* role : {"serve-head", "serve"}) {
-    auto id = DeviceId(DeviceHome(), role);
-    if (!id.ok()) return ReportError(id.status().message());
-    own_ids.push_back(*id);
-  }
-  std::atomic<bool> self_approve_stop{false};
-  std::thread self_approve([&, rvp = rv->get()] {
-    while (!self_approve_stop.load()) {
-      for (const auto& m : rvp->Members())
-        if (!m.approved && std::find(own_ids.begin(), own_ids.end(), m.hello.device_id) != own_ids.end())
-          (void)rvp->Approve(m.hello.device_id);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
-  struct JoinOnExit {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~JoinOnExit() {
-      stop.store(true);
-      if (t.joinable()) t.join();
-    }
-  } join_self_approve{self_approve_stop, self_approve};
-
+  // asking, whatever --auto-approve says.
+  const net::Admission own = (*rv)->LocalAdmission(/*trusted=*/true);
   SessionOptions so;
   so.rendezvous = (*rv)->address();
   so.room = f.room;
@@ -88,19 +78,25 @@ int RunServe(const ServeFlags& f) {
   so.role = "serve-head";
   so.bind_host = f.host;
   so.hub = hub;
+  so.admission = own;
+  so.audit_rate = f.audit;
+  so.audit_seed = f.audit_seed;
   std::string compute_id;
   if (!f.no_compute) {
     // The compute device of this process is the head's own machine: the head holds layers
     // itself, so it never plans a second stage here.
-    compute_id = own_ids[1];
+    auto id = DeviceId(DeviceHome(), "serve");
+    if (!id.ok()) return ReportError(id.status().message());
+    compute_id = *id;
     so.exclude_devices.push_back(compute_id);
   }
   auto session = HeadSession::Start(so);
   if (!session.ok()) return ReportError("cannot start the head: " + session.status().message());
 
   const std::string public_hp = f.host + ":" + std::to_string(f.port);
-  const std::string join_line = "daisychain node --join " + public_hp + " --room " + f.room;
+  const std::string join_line = "daisychain node --join " + public_hp + " --room " + f.room + " --server-key " + server_fpr;
   ServerOptions sv;
+  sv.default_stages = f.stages;
   sv.host = "127.0.0.1";
   sv.port = 0;
   sv.room = f.room;
@@ -110,6 +106,12 @@ int RunServe(const ServeFlags& f) {
   sv.session = session->get();
   sv.hub = hub;
   sv.compute_device_id = compute_id;
+  // Join requests reach the server through the mux: it knows who is really asking.
+  std::atomic<net::PortMux*> mux_now{nullptr};
+  sv.source_of = [&mux_now](int remote_port) -> std::string {
+    net::PortMux* m = mux_now.load();
+    return m ? m->SourceOf(remote_port) : "";
+  };
   auto server = Server::Start(sv);
   if (!server.ok()) return ReportError(server.status().message());
 
@@ -120,6 +122,7 @@ int RunServe(const ServeFlags& f) {
   mo.http_port = (*server)->port();
   auto mux = net::PortMux::Start(mo);
   if (!mux.ok()) return ReportError(mux.status().message());
+  mux_now.store(mux->get());
 
   std::thread compute;
   if (!f.no_compute) {
@@ -131,6 +134,7 @@ int RunServe(const ServeFlags& f) {
       o.name = f.name;
       o.bind_host = f.host;
       o.hub = hub;
+      o.admission = own;
       o.print_tokens = false;
       o.stop = &StopRequested();
       Status st = RunNode(o);
@@ -141,14 +145,19 @@ int RunServe(const ServeFlags& f) {
   std::fprintf(stderr, "web UI: http://%s/\n", public_hp.c_str());
   std::fprintf(stderr, "OpenAI-compatible API: http://%s/v1\n", public_hp.c_str());
   std::fprintf(stderr, "rendezvous on %s, room '%s'\n", public_hp.c_str(), f.room.c_str());
+  std::fprintf(stderr, "server key fingerprint: %s\n", server_fpr.c_str());
   std::fprintf(stderr, "devices join with:  %s\n", join_line.c_str());
-  std::fprintf(stderr, "a head runs with:   daisychain run --join %s --room %s --model SRC --prompt TEXT\n",
-               public_hp.c_str(), f.room.c_str());
+  std::fprintf(stderr, "a head runs with:   daisychain run --join %s --room %s --server-key %s --model SRC --prompt TEXT\n",
+               public_hp.c_str(), f.room.c_str(), server_fpr.c_str());
   if (f.auto_approve)
     std::fprintf(stderr,
-                 "WARNING: --auto-approve is ON: every device that reaches this port is admitted to the room\n");
+                 "WARNING: --auto-approve is ON: every device that reaches this port is admitted to the room, "
+                 "whatever its key\n");
   else
-    std::fprintf(stderr, "approve a device that asks to join in the web UI, or type 'approve ID' here\n");
+    std::fprintf(stderr,
+                 "a device that asks to join shows its key fingerprint; approve it in the web UI, or type "
+                 "'approve FINGERPRINT' here\n");
+  for (const auto& fpr : f.approve) std::fprintf(stderr, "pre-approved: %s\n", fpr.c_str());
   std::fflush(stderr);
 
   int rc = 0;
@@ -171,8 +180,12 @@ int RunServe(const ServeFlags& f) {
         if (line.rfind("approve ", 0) == 0) {
           Status st = rvp->Approve(line.substr(8));
           if (!st.ok()) std::fprintf(stderr, "%s\n", st.message().c_str());
+        } else if (line == "pending") {
+          for (const auto& p : rvp->Pending())
+            std::fprintf(stderr, "  %s  %s  room '%s'  from %s\n", p.fingerprint.c_str(), p.name.c_str(), p.room.c_str(),
+                         p.source.c_str());
         } else if (!line.empty()) {
-          std::fprintf(stderr, "commands: approve ID\n");
+          std::fprintf(stderr, "commands: approve FINGERPRINT (a unique prefix is enough), pending\n");
         }
       }
     }).detach();
@@ -180,12 +193,11 @@ int RunServe(const ServeFlags& f) {
   while (!StopRequested().load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // Outside in: no new connections, streams ended (turns asked to stop), the head leaves,
   // the compute device leaves, then the rendezvous.
+  mux_now.store(nullptr);
   mux->reset();
   server->reset();
   session->reset();
   if (compute.joinable()) compute.join();
-  self_approve_stop.store(true);
-  self_approve.join();
   rv->reset();
   std::fprintf(stderr, "serve: stopped\n");
   return rc;
@@ -206,7 +218,16 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--model", f->model, "Load this model at start (local folder or Hub repo id owner/name[@revision])");
   sub->add_option("--ctx", f->ctx, "Context length for --model (default: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 24));
-  sub->add_flag("--auto-approve", f->auto_approve, "Admit every device without asking (demos and tests)");
+  sub->add_flag("--auto-approve", f->auto_approve, "Admit every device that asks, whatever its key (demos and tests only)");
+  sub->add_option("--approve", f->approve,
+                  "Admit the device with this key fingerprint when it asks (repeatable; `daisychain id` on that device "
+                  "prints it)");
+  sub->add_option("--stages", f->stages, "Split turns over exactly N devices (head included) unless a request says otherwise; 0: automatic")
+      ->check(CLI::Range(0, 64));
+  sub->add_option("--audit", f->audit,
+                  "Re-run this share of hops (0..1, drawn after each lap) on this device and compare the bits (docs/AUDIT.md)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--audit-seed", f->audit_seed, "Seed of the audit draw (default: random)");
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
   return [f] { return RunServe(*f); };

@@ -19,6 +19,7 @@
 #include "daisy/generator.h"
 #include "daisy/hub.h"
 #include "daisy/model.h"
+#include "daisy/net.h"
 #include "daisy/tokenizer.h"
 #include "daisy/wire.h"
 #include "daisy/status.h"
@@ -27,6 +28,8 @@ namespace daisy {
 
 struct HeadOptions {
   std::string rendezvous;               // "tcp://HOST:PORT"
+  std::string server_key;               // --server-key FPR ("": trust on first use)
+  std::optional<net::Admission> admission;  // in-process admission (demo)
   std::string room = "default";
   std::string name;
   std::string bind_host = "127.0.0.1";
@@ -90,6 +93,10 @@ Result<HeadReport> RunHead(const HeadOptions& options);
 
 struct SessionOptions {
   std::string rendezvous;               // "tcp://HOST:PORT"
+  // How the host admits this head's key (see JoinOptions in node.h): --server-key FPR
+  // checks the rendezvous's key; `admission` asks a rendezvous in this process directly.
+  std::string server_key;
+  std::optional<net::Admission> admission;
   std::string room = "default";
   std::string name;
   std::string role = "head";            // DeviceId role: one identity per role and home

@@ -1,10 +1,16 @@
 // The transport of the ring and the rendezvous (ZeroMQ). Moves opaque frames and knows no
 // model: it never decodes an activation, a prompt or a token. No zmq type leaks out of this
 // header (PIMPL).
+//
+// Every socket is CurveZMQ: frames are encrypted and both ends authenticated. An inbox
+// admits only the public keys on its allow-list (one ZAP handler per process checks each
+// handshake against the list of the socket it is for), and an outbox sends only to a peer
+// whose public key it was told.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -19,12 +25,44 @@ namespace daisy::net {
 // "HOST:PORT" (what a user types after --join) -> "tcp://HOST:PORT"; refuses anything else.
 Result<std::string> JoinAddress(const std::string& host_port);
 
+// ---- keys ----
+
+// A long-term CURVE key pair, both halves Z85 text (40 characters each). The secret half
+// never leaves the device.
+struct KeyPair {
+  std::string public_key;
+  std::string secret_key;
+};
+// A fresh key pair (tests, and a rendezvous that was given none).
+KeyPair NewKeyPair();
+// The key pair kept in `path`, or a new one written there (mode 0600, created exclusively,
+// folders made as needed). A key file that group or others may read, or that is malformed,
+// is refused with a message naming the file: it is never silently replaced.
+Result<KeyPair> LoadOrCreateKeyPair(const std::string& path);
+// True for 40 characters of Z85 that decode to 32 bytes.
+bool IsPublicKey(const std::string& z85);
+// What people compare: the first 8 bytes of BLAKE2b-256 of the 32-byte public key, as 16
+// hex digits in groups of four ("ab12-cd34-ef56-7890"). "" for a malformed key.
+std::string Fingerprint(const std::string& public_key);
+// The same 16 hex digits without dashes: the device id of that key.
+std::string KeyId(const std::string& public_key);
+// A fingerprint or a prefix of one as typed ("AB12-cd34", "ab12cd34"): lower case, dashes
+// and spaces dropped. InvalidArgument when anything else is left or it is empty.
+Result<std::string> NormalizeFingerprint(const std::string& typed);
+
 // One device's place on the network: an inbox every peer sends to (a bound PULL socket)
 // and an outbox per peer it sends to (PUSH sockets, connected on first use). Stage-to-stage
 // links are therefore direct. Not thread-safe: one thread owns an Endpoint.
+//
+// The inbox is a CURVE server that admits only the keys on its allow-list (empty at first:
+// nobody); a frame from a key taken off the list later is dropped on receipt. Each outbox
+// is a CURVE client that proves this endpoint's key and checks the peer's: a send to an
+// address whose key is unknown is refused.
 class Endpoint {
  public:
-  // Binds the inbox on `host` (an address of this machine) at `port` (0: any free port).
+  // Binds the inbox on `host` (an address of this machine) at `port` (0: any free port),
+  // with this device's key pair. The overload without keys makes a fresh pair (tests).
+  static Result<std::unique_ptr<Endpoint>> Bind(const std::string& host, int port, const KeyPair& keys);
   static Result<std::unique_ptr<Endpoint>> Bind(const std::string& host, int port);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
@@ -32,13 +70,32 @@ class Endpoint {
 
   // "tcp://HOST:PORT" that peers send to.
   const std::string& address() const;
+  const std::string& public_key() const;
+  // The keys the inbox admits (replaces the list; thread-safe with the ZAP handler).
+  void SetAllowed(const std::vector<std::string>& public_keys);
+  void Allow(const std::string& public_key);
+  bool Allowed(const std::string& public_key) const;
+  // The key the peer at `address` must prove. A different key than before closes the old
+  // outbox to that address.
+  void SetPeerKey(const std::string& address, const std::string& public_key);
   // Queues one frame for `address`. Unavailable when it cannot be handed to a connected
-  // peer within timeout_ms (the peer is gone or was never there).
+  // and authenticated peer within timeout_ms (the peer is gone, was never there, or
+  // refused this device's key); FailedPrecondition when no key is known for `address`.
   Status Send(const std::string& address, std::span<const uint8_t> frame, int timeout_ms = 3000);
   Status Send(const std::string& address, const wire::Message& message, int timeout_ms = 3000);
   // Waits up to timeout_ms for one frame; nullopt on timeout. Frames over
   // wire::kMaxFrameBytes are dropped by the socket before they are allocated.
   Result<std::optional<std::vector<uint8_t>>> Receive(int timeout_ms);
+  // The same, with the public key the sender proved in its handshake.
+  struct Frame {
+    std::vector<uint8_t> bytes;
+    std::string sender_key;
+  };
+  Result<std::optional<Frame>> ReceiveFrame(int timeout_ms);
+  // Addresses whose outbox connection broke since the last call: the peer hung up or
+  // dropped the connection (as a receiver does when a frame fails authentication), or the
+  // handshake failed.
+  std::vector<std::string> TakeDropped();
   // Closes the outbox to a peer that left.
   void Forget(const std::string& address);
 
@@ -48,11 +105,21 @@ class Endpoint {
   std::unique_ptr<Impl> impl_;
 };
 
+// A device's links after a peer list from the rendezvous: its inbox admits only the
+// rendezvous and the members of its room, and its outboxes know each member's key.
+void ApplyPeerList(Endpoint& endpoint, const std::string& rendezvous_key, const wire::Peers& peers);
+
 struct RendezvousOptions {
   std::string host = "127.0.0.1";
   int port = 8788;
-  bool auto_approve = false;
+  bool auto_approve = false;  // every key that asks to join is approved (demos and tests)
   double dead_after_s = 4.0;  // a member silent this long is dropped (heartbeats: 1/s)
+  KeyPair keys;               // the rendezvous's key pair; empty: a fresh one
+  int max_pending = 64;       // join requests waiting for the host at once
+  // New join requests (keys not seen before) per source address: a burst, then this rate.
+  int join_burst = 16;
+  double join_per_s = 0.2;
+  double pending_expire_s = 60;  // a pending request nobody asks about this long is dropped
 };
 
 struct MemberInfo {
@@ -60,12 +127,44 @@ struct MemberInfo {
   std::string address;
   wire::Hello hello;
   bool approved = false;
+  std::string public_key;
 };
 
-// Groups devices into rooms, lets the host approve each device, tells every approved
-// member the approved members of its room, and drops members whose heartbeats stop. It
-// only ever decodes join, heartbeat and bye: it never sees a weight, an activation, a
-// prompt or a token. Runs on its own thread; the methods are thread-safe.
+// A device asking the host to admit its key to a room (over HTTP POST /api/join, or in
+// this process). `source` is the address it came from (rate limits).
+struct JoinRequest {
+  std::string room;
+  std::string public_key;
+  std::string name;
+  std::string source;
+};
+struct JoinAnswer {
+  bool approved = false;     // false: pending, ask again
+  std::string fingerprint;   // the device's, as the host sees it
+};
+struct PendingJoin {
+  std::string room;
+  std::string public_key;
+  std::string fingerprint;
+  std::string device_id;  // KeyId(public_key)
+  std::string name;
+  std::string source;
+};
+
+// How a device learns the rendezvous's key and asks to be admitted. Devices reach a
+// remote rendezvous over HTTP (node: AwaitAdmission); a rendezvous in the same process
+// offers this directly (Rendezvous::LocalAdmission).
+struct Admission {
+  std::string server_key;
+  std::function<Result<JoinAnswer>(const JoinRequest&)> ask;
+};
+
+// Groups devices into rooms, admits only keys the host approved for a room, tells every
+// member the members of its room (with their public keys), and drops members whose
+// heartbeats stop. Its inbox admits only approved keys (ZAP), and a join for a room the
+// key was not approved in is ignored: an unapproved device receives nothing. It only ever
+// decodes join, heartbeat and bye: it never sees a weight, an activation, a prompt or a
+// token. Runs on its own thread; the methods are thread-safe.
 class Rendezvous {
  public:
   static Result<std::unique_ptr<Rendezvous>> Start(const RendezvousOptions& options);
@@ -74,9 +173,25 @@ class Rendezvous {
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   const std::string& address() const;
-  // Approves the device whose id starts with `id_prefix` (unique). NotFound otherwise.
-  Status Approve(const std::string& id_prefix);
+  const std::string& public_key() const;
+  // A device asks to join: approved at once when the key is already approved for the
+  // room, pre-approved by fingerprint, or auto_approve is on; otherwise pending until the
+  // host approves it. InvalidArgument for a malformed key or room; ResourceExhausted when
+  // the source asks too often or too many requests are pending.
+  Result<JoinAnswer> RequestJoin(const JoinRequest& request);
+  // Admits `public_key` to `room` without asking (serve's own devices).
+  void Admit(const std::string& room, const std::string& public_key, const std::string& name);
+  // A key with this fingerprint (normalized, 16 hex digits) that asks to join `room` is
+  // approved (serve --approve).
+  Status PreApprove(const std::string& room, const std::string& fingerprint);
+  // Approves the pending request whose fingerprint (or device id) starts with `prefix`
+  // (unique; dashes optional). NotFound otherwise.
+  Status Approve(const std::string& prefix);
+  std::vector<PendingJoin> Pending() const;
   std::vector<MemberInfo> Members() const;
+  // Asking this rendezvous in-process; `trusted` admits at once (serve's own head and
+  // compute device), otherwise as RequestJoin. Valid while the rendezvous lives.
+  Admission LocalAdmission(bool trusted);
 
  private:
   struct Impl;
@@ -97,8 +212,9 @@ struct PortMuxOptions {
 // to the rendezvous (ZMTP greetings start with 0xFF) or to the HTTP server (a request starts
 // with a letter), both listening on 127.0.0.1 only. Bytes are relayed both ways until both
 // sides have closed (a half-close is passed on); one thread per connection. The servers see
-// every connection as coming from 127.0.0.1. Runs on its own threads; the destructor closes
-// the port and every relayed connection.
+// every connection as coming from 127.0.0.1; SourceOf tells the HTTP server who is really
+// behind a relayed connection. Runs on its own threads; the destructor closes the port and
+// every relayed connection.
 class PortMux {
  public:
   static Result<std::unique_ptr<PortMux>> Start(const PortMuxOptions& options);
@@ -108,6 +224,9 @@ class PortMux {
 
   int port() const;         // the public port (useful with port 0)
   int connections() const;  // connections being relayed now
+  // The address of the client whose connection the mux relays from its loopback port
+  // `local_port` (what the HTTP server sees as the remote port); "" when none.
+  std::string SourceOf(int local_port) const;
 
  private:
   struct Impl;

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <string>
 
 #include "daisy/hub.h"
 #include "daisy/model.h"
+#include "daisy/net.h"
 #include "daisy/status.h"
 #include "daisy/wire.h"
 
@@ -17,9 +19,35 @@ namespace daisy {
 // $XDG_CONFIG_HOME/daisychain or ~/.config/daisychain. Several devices can share a machine
 // by giving each its own DAISY_HOME (the demo and the tests do).
 std::string DeviceHome();
-// The device's id for a role ("node", "serve", "head"): 16 hex characters made on first run
-// and kept in <home>/id-<role>, so a serve and a run on one machine are two devices.
+// The device's long-term CURVE key pair for a role ("node", "serve", "serve-head", "head",
+// "rendezvous"): made on first run and kept in <home>/keys/<role>.key with mode 0600, so
+// a serve and a run on one machine are two devices. A key file others can read is refused.
+Result<net::KeyPair> DeviceKeys(const std::string& home, const std::string& role);
+std::string DeviceKeyPath(const std::string& home, const std::string& role);
+// The device's id for a role: net::KeyId of its public key (16 hex characters, the key's
+// fingerprint without dashes).
 Result<std::string> DeviceId(const std::string& home, const std::string& role);
+
+// How a device gets into a room: learn the rendezvous's public key and have the host
+// approve this device's key for the room.
+struct JoinOptions {
+  std::string rendezvous;  // "tcp://HOST:PORT": the HTTP join is asked at http://HOST:PORT
+  std::string room = "default";
+  std::string name;
+  // --server-key FPR: the rendezvous's key must have this fingerprint. "": trust on first
+  // use, remembered per HOST:PORT in <home>/known_servers; a later change is refused.
+  std::string server_fingerprint;
+  std::string home;  // DeviceHome()
+  // In-process (serve's own devices, tests): ask this instead of HTTP.
+  std::optional<net::Admission> admission;
+  const std::atomic<bool>* stop = nullptr;
+  double unreachable_timeout_s = 0;  // give up when HTTP fails this long (0: keep trying)
+};
+// Blocks until the host approved `keys` for the room (printing this device's fingerprint,
+// the server's, and "waiting for the host to approve ..." while pending); returns the
+// rendezvous's public key. Refuses a server key that does not match --server-key or the
+// one remembered for that address.
+Result<std::string> AwaitAdmission(const JoinOptions& options, const net::KeyPair& keys);
 // The slice cache: $DAISY_CACHE_DIR, else DeviceHome()/cache when DAISY_HOME is set, else
 // the Hub client's default.
 std::string DeviceCacheDir();
@@ -41,6 +69,10 @@ struct NodeOptions {
   std::string room = "default";
   std::string name;                // empty: the host name
   std::string bind_host = "127.0.0.1";  // the address peers reach this device at
+  int port = 0;                    // the inbox's port (0: any free port)
+  std::string advertise;           // "HOST:PORT" peers are told to send to ("": the inbox's own)
+  std::string server_key;          // --server-key FPR (see JoinOptions)
+  std::optional<net::Admission> admission;  // in-process admission (see JoinOptions)
   HubOptions hub;                  // this device's own credentials and cache
   bool print_tokens = true;        // print the token stream as it arrives
   const std::atomic<bool>* stop = nullptr;  // stops the loop when it becomes true

@@ -8,6 +8,7 @@
 // token. Thread-safe: httplib serves each connection on a pool thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,7 +32,11 @@ struct ServerOptions {
   HeadSession* session = nullptr;         // the head; required
   HubOptions hub;                         // for reading the chat template of a loaded model
   std::string compute_device_id;          // serve's own compute device ("" if none)
+  // The real client address of a connection the port mux relays, by the loopback port the
+  // server sees it from ("" when unknown): join requests are rate-limited per source.
+  std::function<std::string(int remote_port)> source_of;
   int threads = 64;                       // connections served at once (SSE listeners hold one each)
+  int default_stages = 0;                 // split when a request names none (0: automatic)
 };
 
 class Server {
@@ -49,6 +54,30 @@ class Server {
  private:
   struct Impl;
   explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Only the join endpoints of a rendezvous (GET /api/key, POST /api/join; docs/HTTP.md),
+// for a room run without the rest of serve (the demo). Thread-safe.
+struct JoinServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string room = "default";
+  net::Rendezvous* rendezvous = nullptr;  // required
+  std::function<std::string(int remote_port)> source_of;
+};
+
+class JoinServer {
+ public:
+  static Result<std::unique_ptr<JoinServer>> Start(const JoinServerOptions& options);
+  ~JoinServer();
+  JoinServer(const JoinServer&) = delete;
+  JoinServer& operator=(const JoinServer&) = delete;
+  int port() const;
+
+ private:
+  struct Impl;
+  explicit JoinServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

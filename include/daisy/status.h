@@ -26,6 +26,7 @@ enum class ErrorCode : uint8_t {
   kInternal,
   kAborted,
   kFailedPrecondition,  // the system is not in a state for this yet (e.g. no model loaded)
+  kResourceExhausted,   // a limit was reached (too many requests); later may succeed
 };
 
 std::string_view ErrorCodeName(ErrorCode code);
@@ -60,6 +61,7 @@ inline Status OutOfRange(std::string m) { return {ErrorCode::kOutOfRange, std::m
 inline Status Internal(std::string m) { return {ErrorCode::kInternal, std::move(m)}; }
 inline Status Aborted(std::string m) { return {ErrorCode::kAborted, std::move(m)}; }
 inline Status FailedPrecondition(std::string m) { return {ErrorCode::kFailedPrecondition, std::move(m)}; }
+inline Status ResourceExhausted(std::string m) { return {ErrorCode::kResourceExhausted, std::move(m)}; }
 
 // Result<T>: a T or a non-OK Status.
 template <typename T>

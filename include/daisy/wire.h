@@ -35,7 +35,7 @@ enum class Tag : int32_t {
   kAuditData = -35,
 };
 
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kMaxString = 1024;          // any string field
 inline constexpr size_t kMaxStages = 256;
 inline constexpr size_t kMaxFrameBytes = 256u << 20; // an activation of a long prefill chunk fits
@@ -181,11 +181,15 @@ struct Join {
   Hello hello;
 };
 
-// Rendezvous -> device: the approved members of its room.
+// Rendezvous -> device: the approved members of its room, each with the CURVE public key
+// it proved to the rendezvous (Z85, 40 characters): the only key its inbox and outbox
+// links are trusted with.
 struct Peer {
   std::string address;
   Hello hello;
+  std::string public_key;
 };
+inline constexpr size_t kPublicKeyChars = 40;
 struct Peers {
   std::string room;
   std::vector<Peer> peers;

@@ -19,6 +19,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kInternal: return "internal error";
     case ErrorCode::kAborted: return "aborted";
     case ErrorCode::kFailedPrecondition: return "failed_precondition";
+    case ErrorCode::kResourceExhausted: return "resource exhausted";
   }
   return "unknown";
 }

@@ -41,6 +41,7 @@ class AuditTest : public ::testing::Test {
         o.role = role;
         o.name = role;
         o.rendezvous = rendezvous_->address();
+        o.admission = rendezvous_->LocalAdmission(/*trusted=*/false);  // auto_approve: approved at once
         o.print_tokens = false;
         o.stop = &stop_;
         o.test_flip_every = flip;
@@ -61,6 +62,7 @@ class AuditTest : public ::testing::Test {
   HeadReport Run(double rate, uint64_t seed, int max_tokens, const std::string& prompt) {
     SessionOptions so;
     so.rendezvous = rendezvous_->address();
+    so.admission = rendezvous_->LocalAdmission(/*trusted=*/false);
     so.name = "auditing-head";
     so.stages = 3;
     so.wait_s = 20;

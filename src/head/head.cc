@@ -50,6 +50,8 @@ class Room {
       return std::nullopt;
     }
     if (auto* p = std::get_if<wire::Peers>(&*m)) {
+      // Only the room's members (and the rendezvous) may reach the head's inbox.
+      net::ApplyPeerList(ep_, server_key_, *p);
       std::lock_guard<std::mutex> lock(mu_);
       peers_ = p->peers;
       seen_peers_ = true;
@@ -73,10 +75,12 @@ class Room {
     return seen_peers_;
   }
   std::string TakeRefusal() { return std::exchange(last_refusal_, ""); }
+  void set_server_key(const std::string& key) { server_key_ = key; }
 
  private:
   net::Endpoint& ep_;
   std::string rendezvous_;
+  std::string server_key_;
   std::string id_;
   Clock::time_point last_beat_ = Clock::now() - std::chrono::seconds(5);
   mutable std::mutex mu_;
@@ -145,6 +149,15 @@ class NetLink final : public StageLink {
     const int32_t want = pending_.front().hidden.positions.front();
     while (Since(start) < lap_timeout_s_) {
       auto m = Next(50);
+      // A link to a stage that broke mid-turn (the receiver dropped the connection, as it
+      // does when a frame fails authentication) lost what was in flight.
+      for (const auto& addr : ep_.TakeDropped())
+        for (size_t i = 1; i < stages_.size(); ++i)
+          if (stages_[i].address == addr) {
+            failed_device_ = stages_[i].device_id;
+            return Unavailable("the link to stage " + std::to_string(i) + " (" + stages_[i].device_id.substr(0, 8) +
+                               ") broke: the connection was dropped (a frame that fails authentication is refused by its receiver)");
+          }
       for (size_t i = 1; i < stages_.size(); ++i)
         if (room_.seen_peers() && !room_.Has(stages_[i].device_id)) {
           failed_device_ = stages_[i].device_id;
@@ -372,6 +385,8 @@ std::string PlanSignature(const std::vector<wire::StageEntry>& stages, int ctx) 
 
 struct HeadSession::Impl {
   SessionOptions o;
+  net::KeyPair keys;
+  std::string server_key;  // the rendezvous's, once this head is admitted
   std::string id;
   std::unique_ptr<net::Endpoint> ep;
   std::unique_ptr<Room> room;
@@ -437,7 +452,27 @@ struct HeadSession::Impl {
     return lock;
   }
 
+  // The host approves this head's key (over HTTP, or in this process) before the
+  // rendezvous admits its ZeroMQ connection.
+  Status Admit() {
+    if (!server_key.empty()) return Status::Ok();
+    JoinOptions jo;
+    jo.rendezvous = o.rendezvous;
+    jo.room = o.room;
+    jo.name = hello.name;
+    jo.server_fingerprint = o.server_key;
+    jo.home = DeviceHome();
+    jo.admission = o.admission;
+    jo.unreachable_timeout_s = 10;
+    DAISY_ASSIGN_OR_RETURN(server_key, AwaitAdmission(jo, keys));
+    ep->SetPeerKey(o.rendezvous, server_key);
+    ep->Allow(server_key);
+    room->set_server_key(server_key);
+    return Status::Ok();
+  }
+
   Status JoinRoom() {
+    DAISY_RETURN_IF_ERROR(Admit());
     const auto start = Clock::now();
     auto last_join = start - std::chrono::seconds(5);
     while (Since(start) < 10) {
@@ -680,7 +715,9 @@ struct HeadSession::Impl {
       keep = static_cast<int>(std::min(CommonPrefix(slot.ids, r.prompt_ids), r.prompt_ids.size() - 1));
     const uint64_t keep_tag = IdsTag(slot.ids);
 
-    // Assign every other stage; each fetches its own layers itself.
+    // Assign every other stage; each fetches its own layers itself. Links that broke
+    // before this turn are not this turn's fault.
+    (void)ep->TakeDropped();
     ++turn;
     std::map<int, int32_t> ready;  // stage -> positions it kept
     auto assignment_for = [&](size_t i) {
@@ -914,8 +951,9 @@ HeadSession::~HeadSession() = default;
 Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->o = options;
-  DAISY_ASSIGN_OR_RETURN(impl->id, DeviceId(DeviceHome(), options.role));
-  DAISY_ASSIGN_OR_RETURN(impl->ep, net::Endpoint::Bind(options.bind_host, 0));
+  DAISY_ASSIGN_OR_RETURN(impl->keys, DeviceKeys(DeviceHome(), options.role));
+  impl->id = net::KeyId(impl->keys.public_key);
+  DAISY_ASSIGN_OR_RETURN(impl->ep, net::Endpoint::Bind(options.bind_host, 0, impl->keys));
   impl->room = std::make_unique<Room>(*impl->ep, options.rendezvous, impl->id);
   // The head serves no other head's hops, so it does not offer itself as compute.
   impl->hello = MeasureHello(impl->id, options.name, wire::kCapHead);
@@ -951,6 +989,8 @@ void HeadSession::ClearCache() {
 Result<HeadReport> RunHead(const HeadOptions& options) {
   SessionOptions so;
   so.rendezvous = options.rendezvous;
+  so.server_key = options.server_key;
+  so.admission = options.admission;
   so.room = options.room;
   so.name = options.name;
   so.bind_host = options.bind_host;

@@ -39,6 +39,7 @@ class SessionTest : public ::testing::Test {
         o.role = role;
         o.name = role;
         o.rendezvous = rendezvous_->address();
+        o.admission = rendezvous_->LocalAdmission(/*trusted=*/false);  // auto_approve: approved at once
         o.print_tokens = false;
         o.stop = &stop_;
         o.hub.cache_dir = (*home_ / role).string();
@@ -48,6 +49,7 @@ class SessionTest : public ::testing::Test {
     }
     SessionOptions so;
     so.rendezvous = rendezvous_->address();
+    so.admission = rendezvous_->LocalAdmission(/*trusted=*/false);
     so.name = "test-head";
     so.stages = 3;
     so.wait_s = 20;

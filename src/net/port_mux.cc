@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -63,6 +64,7 @@ struct PortMux::Impl {
   mutable std::mutex mu;
   std::condition_variable idle;  // signalled when a connection thread ends
   int active = 0;
+  std::map<int, std::string> sources;  // loopback port of a relayed connection -> client address
 
   ~Impl() {
     if (listen_fd >= 0) ::close(listen_fd);
@@ -116,7 +118,7 @@ struct PortMux::Impl {
     }
   }
 
-  void Serve(int client) {
+  void Serve(int client, const std::string& source) {
     SetNonBlocking(client);
     SetNoDelay(client);
     // Wait for the first byte, then look at it without taking it.
@@ -140,7 +142,19 @@ struct PortMux::Impl {
       } else {
         SetNonBlocking(backend);
         SetNoDelay(backend);
+        sockaddr_in local{};
+        socklen_t len = sizeof local;
+        int local_port = 0;
+        if (::getsockname(backend, reinterpret_cast<sockaddr*>(&local), &len) == 0) local_port = ntohs(local.sin_port);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          sources[local_port] = source;
+        }
         Relay(client, backend);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          sources.erase(local_port);
+        }
         ::close(backend);
       }
     }
@@ -151,8 +165,17 @@ struct PortMux::Impl {
     while (!stop.load()) {
       pollfd pfd{listen_fd, POLLIN, 0};
       if (::poll(&pfd, 1, kPollMs) <= 0) continue;
-      const int client = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      sockaddr_storage peer{};
+      socklen_t peer_len = sizeof peer;
+      const int client = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_CLOEXEC);
       if (client < 0) continue;
+      char host[INET6_ADDRSTRLEN] = {0};
+      if (peer.ss_family == AF_INET6) {
+        ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr, host, sizeof host);
+      } else {
+        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr, host, sizeof host);
+      }
+      std::string source = host;
       {
         std::lock_guard<std::mutex> lock(mu);
         if (active >= options.max_connections) {
@@ -163,8 +186,8 @@ struct PortMux::Impl {
         ++active;
       }
       // Detached: the thread holds the Impl alive; the destructor waits for active == 0.
-      std::thread([self, client] {
-        self->Serve(client);
+      std::thread([self, client, source] {
+        self->Serve(client, source);
         std::lock_guard<std::mutex> lock(self->mu);
         --self->active;
         self->idle.notify_all();
@@ -189,6 +212,12 @@ int PortMux::port() const {
 int PortMux::connections() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->active;
+}
+
+std::string PortMux::SourceOf(int local_port) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->sources.find(local_port);
+  return it == impl_->sources.end() ? "" : it->second;
 }
 
 Result<std::unique_ptr<PortMux>> PortMux::Start(const PortMuxOptions& options) {

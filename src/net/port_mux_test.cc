@@ -35,6 +35,10 @@ class HttpBackend {
                 [](const httplib::Request&, httplib::Response& res) { res.set_content("hello", "text/plain"); });
     server_.Get("/big",
                 [this](const httplib::Request&, httplib::Response& res) { res.set_content(big_, "text/plain"); });
+    // The loopback port the server sees: the mux's side of the relayed connection.
+    server_.Get("/port", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(std::to_string(req.remote_port), "text/plain");
+    });
     server_.Post("/echo",
                  [](const httplib::Request& req, httplib::Response& res) { res.set_content(req.body, "text/plain"); });
     port_ = server_.bind_to_any_port("127.0.0.1");
@@ -124,7 +128,12 @@ TEST(PortMux, ZeroMqJoinsReachTheRendezvousWhichAnswersTheDeviceDirectly) {
   auto dev = Endpoint::Bind("127.0.0.1", 0);
   ASSERT_TRUE(dev.ok());
   const std::string via_mux = "tcp://127.0.0.1:" + std::to_string(f.mux->port());
-  ASSERT_TRUE((*dev)->Send(via_mux, wire::Message(wire::Join{"room", (*dev)->address(), HelloFor("abcdef01")})).ok());
+  // Approved first; then its CURVE handshake passes through the mux like any bytes.
+  ASSERT_TRUE(f.rv->RequestJoin({"room", (*dev)->public_key(), "dev", "127.0.0.1"})->approved);
+  (*dev)->SetPeerKey(via_mux, f.rv->public_key());
+  (*dev)->Allow(f.rv->public_key());
+  const std::string id = KeyId((*dev)->public_key());
+  ASSERT_TRUE((*dev)->Send(via_mux, wire::Message(wire::Join{"room", (*dev)->address(), HelloFor(id)})).ok());
   std::optional<wire::Peers> peers;
   const auto end = std::chrono::steady_clock::now() + 5s;
   while (!peers && std::chrono::steady_clock::now() < end) {
@@ -135,13 +144,26 @@ TEST(PortMux, ZeroMqJoinsReachTheRendezvousWhichAnswersTheDeviceDirectly) {
   }
   ASSERT_TRUE(peers.has_value()) << "the join never reached the rendezvous through the mux";
   ASSERT_EQ(peers->peers.size(), 1u);
-  EXPECT_EQ(peers->peers[0].hello.device_id, "abcdef01");
+  EXPECT_EQ(peers->peers[0].hello.device_id, id);
   ASSERT_EQ(f.rv->Members().size(), 1u);
   // HTTP on the same port still works while the ZeroMQ connection stays open.
   httplib::Client cli("127.0.0.1", f.mux->port());
   auto r = cli.Get("/hello");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->body, "hello");
+}
+
+TEST(PortMux, TellsWhoIsReallyBehindARelayedConnection) {
+  Fixture f = Start();
+  httplib::Client cli("127.0.0.1", f.mux->port());
+  cli.set_keep_alive(true);
+  auto r = cli.Get("/port");
+  ASSERT_TRUE(r);
+  const int seen = std::stoi(r->body);
+  EXPECT_EQ(f.mux->SourceOf(seen), "127.0.0.1");  // the client's own address, not the mux's
+  EXPECT_EQ(f.mux->SourceOf(1), "");
+  cli.stop();
+  EXPECT_TRUE(WaitFor([&] { return f.mux->SourceOf(seen).empty(); }, 3000ms));
 }
 
 TEST(PortMux, ConnectionsBeyondTheCapAreClosedAndClosedOnesAreReleased) {

@@ -1,9 +1,15 @@
-// The rendezvous: rooms, approval, peer lists and liveness. It decodes only join,
+// The rendezvous: rooms, approval by key, peer lists and liveness. It decodes only join,
 // heartbeat and bye frames; anything else sent to it is dropped unread.
+//
+// Admission: a device asks to join a room with its public key (RequestJoin: over HTTP, or
+// in this process); the host approves it (or auto_approve, a pre-approved fingerprint, or
+// serve's own devices). Only then does the inbox's ZAP allow-list take the key, and only a
+// join for a room the key was approved in makes it a member.
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "daisy/log.h"
@@ -19,7 +25,30 @@ struct Member {
   Clock::time_point last_seen;
 };
 
-std::string Short(const std::string& id) { return id.substr(0, 8); }
+struct PendingEntry {
+  PendingJoin join;
+  Clock::time_point asked;  // the last time the device asked
+};
+
+// New join requests a source may still make: a burst, refilled over time.
+struct Bucket {
+  double tokens = 0;
+  Clock::time_point at;
+};
+
+bool ValidRoom(const std::string& room) {
+  if (room.empty() || room.size() > 64) return false;
+  for (char c : room)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+  return true;
+}
+
+std::string CleanName(const std::string& name) {
+  std::string out;
+  for (char c : name.substr(0, 64))
+    out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  return out;
+}
 }  // namespace
 
 struct Rendezvous::Impl {
@@ -27,14 +56,81 @@ struct Rendezvous::Impl {
   std::unique_ptr<Endpoint> endpoint;
   std::string address;
   mutable std::mutex mu;
-  std::map<std::string, Member> members;  // by device id
-  std::vector<std::string> dirty_rooms;   // rooms whose peer list must be re-sent
+  std::map<std::string, Member> members;                          // by device id
+  std::map<std::string, std::map<std::string, std::string>> approved;  // room -> key -> name
+  std::map<std::string, std::set<std::string>> preapproved;        // room -> fingerprint (16 hex)
+  std::map<std::string, PendingEntry> pending;                          // by key
+  std::map<std::string, Bucket> buckets;                           // by source address
+  std::vector<std::string> dirty_rooms;                            // rooms whose peer list must be re-sent
   std::atomic<bool> stop{false};
   std::thread thread;
 
   void MarkDirty(const std::string& room) { dirty_rooms.push_back(room); }
 
-  // Sends every approved member of `room` the approved members of `room`.
+  // Under mu: the inbox admits every key approved for some room.
+  void UpdateAllowList() {
+    std::vector<std::string> keys;
+    for (const auto& [room, ks] : approved)
+      for (const auto& [k, name] : ks) keys.push_back(k);
+    endpoint->SetAllowed(keys);
+  }
+
+  // Under mu.
+  void ApproveLocked(const std::string& room, const std::string& key, const std::string& name) {
+    approved[room][key] = name;
+    pending.erase(key);
+    UpdateAllowList();
+  }
+
+  bool IsApproved(const std::string& room, const std::string& key) const {
+    auto r = approved.find(room);
+    return r != approved.end() && r->second.count(key) > 0;
+  }
+
+  Result<JoinAnswer> RequestJoin(const JoinRequest& q) {
+    if (!IsPublicKey(q.public_key)) return InvalidArgument("public_key is not a CURVE public key (40 characters of Z85)");
+    if (!ValidRoom(q.room)) return InvalidArgument("room must be 1 to 64 printable characters");
+    const std::string name = CleanName(q.name);
+    const std::string fpr = Fingerprint(q.public_key);
+    std::lock_guard<std::mutex> lock(mu);
+    if (IsApproved(q.room, q.public_key)) return JoinAnswer{true, fpr};
+    auto pre = preapproved.find(q.room);
+    if (options.auto_approve || (pre != preapproved.end() && pre->second.count(KeyId(q.public_key)))) {
+      ApproveLocked(q.room, q.public_key, name);
+      LogInfo("rendezvous: approved " + name + " (" + fpr + ") for room '" + q.room + "'" +
+              (options.auto_approve ? " (--auto-approve)" : " (--approve)"));
+      return JoinAnswer{true, fpr};
+    }
+    const auto now = Clock::now();
+    auto it = pending.find(q.public_key);
+    if (it != pending.end() && it->second.join.room == q.room) {
+      it->second.asked = now;  // asking again: not a new request
+      return JoinAnswer{false, fpr};
+    }
+    // A new request: limited per source address, and in number.
+    for (auto p = pending.begin(); p != pending.end();) {
+      if (std::chrono::duration<double>(now - p->second.asked).count() > options.pending_expire_s)
+        p = pending.erase(p);
+      else
+        ++p;
+    }
+    Bucket& b = buckets[q.source];
+    if (b.at == Clock::time_point{}) b.tokens = options.join_burst;
+    b.tokens = std::min<double>(options.join_burst, b.tokens + options.join_per_s * std::chrono::duration<double>(now - b.at).count());
+    b.at = now;
+    if (b.tokens < 1)
+      return ResourceExhausted("too many join requests from " + (q.source.empty() ? std::string("this address") : q.source) +
+                         "; try again in a minute");
+    if (it == pending.end() && static_cast<int>(pending.size()) >= options.max_pending)
+      return ResourceExhausted("too many devices are waiting for approval (" + std::to_string(options.max_pending) + "); try again later");
+    b.tokens -= 1;
+    pending[q.public_key] = PendingEntry{PendingJoin{q.room, q.public_key, fpr, KeyId(q.public_key), name, q.source}, now};
+    LogInfo("rendezvous: device " + name + " (" + fpr + ") asks to join room '" + q.room + "'" +
+            (q.source.empty() ? "" : " from " + q.source) + ": type 'approve " + fpr + "' to admit it");
+    return JoinAnswer{false, fpr};
+  }
+
+  // Sends every member of `room` the members of `room`.
   void Broadcast(const std::string& room) {
     wire::Peers peers;
     peers.room = room;
@@ -43,7 +139,7 @@ struct Rendezvous::Impl {
       std::lock_guard<std::mutex> lock(mu);
       for (const auto& [id, m] : members)
         if (m.info.room == room && m.info.approved) {
-          peers.peers.push_back(wire::Peer{m.info.address, m.info.hello});
+          peers.peers.push_back(wire::Peer{m.info.address, m.info.hello, m.info.public_key});
           to.push_back(m.info.address);
         }
     }
@@ -53,21 +149,34 @@ struct Rendezvous::Impl {
     }
   }
 
-  void Handle(const std::vector<uint8_t>& frame) {
-    auto msg = wire::Decode(frame);
+  void Handle(const Endpoint::Frame& frame) {
+    auto msg = wire::Decode(frame.bytes);
     if (!msg.ok()) {
       LogWarning("rendezvous: dropped a frame: " + msg.status().message());
       return;
     }
     const auto now = Clock::now();
+    const std::string& key = frame.sender_key;
     if (auto* j = std::get_if<wire::Join>(&*msg)) {
+      std::lock_guard<std::mutex> lock(mu);
+      // Only a key approved for this room joins it, under the id its key gives: a device
+      // approved in another room, or one claiming another's id, gets nothing back.
+      if (!IsApproved(j->room, key)) {
+        LogWarning("rendezvous: ignored a join to room '" + j->room + "' from key " + Fingerprint(key) +
+                   ", which is not approved for that room");
+        return;
+      }
+      if (j->hello.device_id != KeyId(key)) {
+        LogWarning("rendezvous: ignored a join from key " + Fingerprint(key) + " claiming device id '" + j->hello.device_id + "'");
+        return;
+      }
       if (j->hello.protocol_version != wire::kProtocolVersion) {
         LogWarning("rendezvous: refused " + j->hello.name + ": protocol version " + std::to_string(j->hello.protocol_version) +
                    ", this build speaks " + std::to_string(wire::kProtocolVersion));
+        endpoint->SetPeerKey(j->address, key);
         (void)endpoint->Send(j->address, wire::Message(wire::ErrorMsg{1, "protocol version mismatch"}), 500);
         return;
       }
-      std::lock_guard<std::mutex> lock(mu);
       auto it = members.find(j->hello.device_id);
       if (it != members.end() && it->second.info.room == j->room && it->second.info.address == j->address) {
         // A member repeating its join (members do, every few seconds, so one dropped by
@@ -75,27 +184,22 @@ struct Rendezvous::Impl {
         it->second.last_seen = now;
         return;
       }
-      const bool known = it != members.end() && it->second.info.approved && it->second.info.room == j->room;
-      Member m{{j->room, j->address, j->hello, options.auto_approve || known}, now};
       const bool is_new = it == members.end();
-      members[j->hello.device_id] = m;
-      if (is_new) {
-        if (m.info.approved)
-          LogInfo("rendezvous: device " + j->hello.name + " (" + Short(j->hello.device_id) + ") joined room '" + j->room + "'");
-        else
-          LogInfo("rendezvous: device " + j->hello.name + " (" + Short(j->hello.device_id) + ") asks to join room '" +
-                  j->room + "': type 'approve " + Short(j->hello.device_id) + "' to admit it");
-      }
+      if (!is_new && it->second.info.room != j->room) MarkDirty(it->second.info.room);
+      endpoint->SetPeerKey(j->address, key);
+      members[j->hello.device_id] = Member{{j->room, j->address, j->hello, true, key}, now};
+      if (is_new)
+        LogInfo("rendezvous: device " + j->hello.name + " (" + Fingerprint(key) + ") joined room '" + j->room + "'");
       MarkDirty(j->room);
     } else if (auto* h = std::get_if<wire::Heartbeat>(&*msg)) {
       std::lock_guard<std::mutex> lock(mu);
       auto it = members.find(h->device_id);
-      if (it != members.end()) it->second.last_seen = now;
+      if (it != members.end() && it->second.info.public_key == key) it->second.last_seen = now;
     } else if (auto* b = std::get_if<wire::Bye>(&*msg)) {
       std::lock_guard<std::mutex> lock(mu);
       auto it = members.find(b->device_id);
-      if (it != members.end()) {
-        LogInfo("rendezvous: device " + it->second.info.hello.name + " (" + Short(b->device_id) + ") left");
+      if (it != members.end() && it->second.info.public_key == key) {
+        LogInfo("rendezvous: device " + it->second.info.hello.name + " (" + Fingerprint(key) + ") left");
         MarkDirty(it->second.info.room);
         endpoint->Forget(it->second.info.address);
         members.erase(it);
@@ -111,8 +215,8 @@ struct Rendezvous::Impl {
     std::lock_guard<std::mutex> lock(mu);
     for (auto it = members.begin(); it != members.end();) {
       if (std::chrono::duration<double>(now - it->second.last_seen).count() > options.dead_after_s) {
-        LogWarning("rendezvous: lost device " + it->second.info.hello.name + " (" + Short(it->first) + "): no heartbeat for " +
-                   std::to_string(static_cast<int>(options.dead_after_s)) + " s");
+        LogWarning("rendezvous: lost device " + it->second.info.hello.name + " (" + Fingerprint(it->second.info.public_key) +
+                   "): no heartbeat for " + std::to_string(static_cast<int>(options.dead_after_s)) + " s");
         MarkDirty(it->second.info.room);
         endpoint->Forget(it->second.info.address);
         it = members.erase(it);
@@ -125,7 +229,7 @@ struct Rendezvous::Impl {
   void Loop() {
     auto last_expire = Clock::now();
     while (!stop.load()) {
-      auto frame = endpoint->Receive(100);
+      auto frame = endpoint->ReceiveFrame(100);
       if (frame.ok() && frame->has_value()) Handle(**frame);
       if (Clock::now() - last_expire > std::chrono::milliseconds(250)) {
         ExpireDead();
@@ -153,7 +257,8 @@ Rendezvous::~Rendezvous() {
 Result<std::unique_ptr<Rendezvous>> Rendezvous::Start(const RendezvousOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  DAISY_ASSIGN_OR_RETURN(impl->endpoint, Endpoint::Bind(options.host, options.port));
+  if (impl->options.keys.public_key.empty()) impl->options.keys = NewKeyPair();
+  DAISY_ASSIGN_OR_RETURN(impl->endpoint, Endpoint::Bind(options.host, options.port, impl->options.keys));
   impl->address = impl->endpoint->address();
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Loop(); });
@@ -161,21 +266,55 @@ Result<std::unique_ptr<Rendezvous>> Rendezvous::Start(const RendezvousOptions& o
 }
 
 const std::string& Rendezvous::address() const { return impl_->address; }
+const std::string& Rendezvous::public_key() const { return impl_->options.keys.public_key; }
 
-Status Rendezvous::Approve(const std::string& id_prefix) {
+Result<JoinAnswer> Rendezvous::RequestJoin(const JoinRequest& request) { return impl_->RequestJoin(request); }
+
+void Rendezvous::Admit(const std::string& room, const std::string& public_key, const std::string& name) {
+  if (!IsPublicKey(public_key)) return;
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Member* found = nullptr;
-  for (auto& [id, m] : impl_->members) {
-    if (id.rfind(id_prefix, 0) == 0) {
-      if (found) return InvalidArgument("'" + id_prefix + "' matches more than one device; type more of its id");
-      found = &m;
+  impl_->ApproveLocked(room, public_key, CleanName(name));
+}
+
+Status Rendezvous::PreApprove(const std::string& room, const std::string& fingerprint) {
+  DAISY_ASSIGN_OR_RETURN(std::string f, NormalizeFingerprint(fingerprint));
+  if (f.size() != 16) return InvalidArgument("--approve wants a whole fingerprint (16 hex digits like ab12-cd34-ef56-7890), got '" + fingerprint + "'");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->preapproved[room].insert(f);
+  // A device already waiting with that fingerprint is admitted now.
+  for (auto it = impl_->pending.begin(); it != impl_->pending.end();) {
+    const PendingJoin j = it->second.join;
+    ++it;
+    if (j.room == room && j.device_id == f) impl_->ApproveLocked(room, j.public_key, j.name);
+  }
+  return Status::Ok();
+}
+
+Status Rendezvous::Approve(const std::string& prefix) {
+  auto norm = NormalizeFingerprint(prefix);
+  if (!norm.ok()) return NotFound("no device with fingerprint '" + prefix + "' is waiting");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const PendingJoin* found = nullptr;
+  for (const auto& [key, p] : impl_->pending) {
+    if (p.join.device_id.rfind(*norm, 0) == 0) {
+      if (found) return InvalidArgument("'" + prefix + "' matches more than one waiting device; type more of its fingerprint");
+      found = &p.join;
     }
   }
-  if (!found || id_prefix.empty()) return NotFound("no device with id '" + id_prefix + "' is waiting");
-  found->info.approved = true;
-  LogInfo("rendezvous: approved " + found->info.hello.name + " (" + Short(found->info.hello.device_id) + ")");
-  impl_->MarkDirty(found->info.room);
+  if (!found) return NotFound("no device with fingerprint '" + prefix + "' is waiting");
+  const PendingJoin j = *found;
+  impl_->ApproveLocked(j.room, j.public_key, j.name);
+  LogInfo("rendezvous: approved " + j.name + " (" + j.fingerprint + ") for room '" + j.room + "'");
   return Status::Ok();
+}
+
+std::vector<PendingJoin> Rendezvous::Pending() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<PendingJoin> out;
+  const auto now = Clock::now();
+  for (const auto& [key, p] : impl_->pending)
+    if (std::chrono::duration<double>(now - p.asked).count() <= impl_->options.pending_expire_s) out.push_back(p.join);
+  return out;
 }
 
 std::vector<MemberInfo> Rendezvous::Members() const {
@@ -183,6 +322,15 @@ std::vector<MemberInfo> Rendezvous::Members() const {
   std::vector<MemberInfo> out;
   for (const auto& [id, m] : impl_->members) out.push_back(m.info);
   return out;
+}
+
+Admission Rendezvous::LocalAdmission(bool trusted) {
+  Rendezvous* self = this;
+  return Admission{public_key(), [self, trusted](const JoinRequest& q) -> Result<JoinAnswer> {
+                     if (!trusted) return self->RequestJoin(q);
+                     self->Admit(q.room, q.public_key, q.name);
+                     return JoinAnswer{true, Fingerprint(q.public_key)};
+                   }};
 }
 
 }  // namespace daisy::net

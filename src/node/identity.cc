@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
+#include <cctype>
 
 #include <xxhash.h>
 
@@ -22,29 +22,20 @@ std::string DeviceHome() {
   return ".daisychain";
 }
 
+std::string DeviceKeyPath(const std::string& home, const std::string& role) {
+  return (fs::path(home) / "keys" / (role + ".key")).string();
+}
+
+Result<net::KeyPair> DeviceKeys(const std::string& home, const std::string& role) {
+  for (char c : role)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'))
+      return InvalidArgument("Bug: role '" + role + "' is not a plain name");
+  return net::LoadOrCreateKeyPair(DeviceKeyPath(home, role));
+}
+
 Result<std::string> DeviceId(const std::string& home, const std::string& role) {
-  std::error_code ec;
-  fs::create_directories(home, ec);
-  const fs::path file = fs::path(home) / ("id-" + role);
-  {
-    std::ifstream in(file);
-    std::string id;
-    if (in >> id && id.size() == 16 && id.find_first_not_of("0123456789abcdef") == std::string::npos) return id;
-  }
-  std::random_device rd;
-  std::uniform_int_distribution<uint64_t> dist;
-  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ dist(rd);
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  const fs::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << buf << "\n";
-    if (!out) return Unavailable("cannot write " + file.string());
-  }
-  fs::rename(tmp, file, ec);
-  if (ec) return Unavailable("cannot write " + file.string() + ": " + ec.message());
-  return std::string(buf);
+  DAISY_ASSIGN_OR_RETURN(net::KeyPair k, DeviceKeys(home, role));
+  return net::KeyId(k.public_key);
 }
 
 std::string DeviceCacheDir() {

@@ -52,12 +52,36 @@ class Node {
 
   Status Run() {
     const std::string home = DeviceHome();
-    DAISY_ASSIGN_OR_RETURN(id_, DeviceId(home, o_.role));
-    DAISY_ASSIGN_OR_RETURN(ep_, net::Endpoint::Bind(o_.bind_host, 0));
+    DAISY_ASSIGN_OR_RETURN(net::KeyPair keys, DeviceKeys(home, o_.role));
+    id_ = net::KeyId(keys.public_key);
+    DAISY_ASSIGN_OR_RETURN(ep_, net::Endpoint::Bind(o_.bind_host, o_.port, keys));
+    if (!o_.advertise.empty()) {
+      DAISY_ASSIGN_OR_RETURN(address_, net::JoinAddress(o_.advertise));
+    } else {
+      address_ = ep_->address();
+    }
     hello_ = MeasureHello(id_, o_.name, wire::kCapCompute);
-    std::fprintf(stderr, "node %s (%s): %s backend, %.0f GEMMs/s, %.1f GB free; joining room '%s' at %s\n",
-                 hello_.name.c_str(), id_.substr(0, 8).c_str(), hello_.backend.c_str(), hello_.gemms_per_s,
+    std::fprintf(stderr, "node %s (key fingerprint %s): %s backend, %.0f GEMMs/s, %.1f GB free; joining room '%s' at %s\n",
+                 hello_.name.c_str(), net::Fingerprint(keys.public_key).c_str(), hello_.backend.c_str(), hello_.gemms_per_s,
                  static_cast<double>(hello_.free_memory) / 1e9, o_.room.c_str(), o_.rendezvous.c_str());
+    // The host approves this device's key first (over HTTP); only then does the rendezvous
+    // admit its ZeroMQ connection.
+    JoinOptions jo;
+    jo.rendezvous = o_.rendezvous;
+    jo.room = o_.room;
+    jo.name = hello_.name;
+    jo.server_fingerprint = o_.server_key;
+    jo.home = home;
+    jo.admission = o_.admission;
+    jo.stop = o_.stop;
+    auto server_key = AwaitAdmission(jo, keys);
+    if (!server_key.ok()) {
+      if (server_key.status().code() == ErrorCode::kAborted) return Status::Ok();
+      return server_key.status();
+    }
+    server_key_ = *server_key;
+    ep_->SetPeerKey(o_.rendezvous, server_key_);
+    ep_->Allow(server_key_);
     auto last_beat = Clock::now() - std::chrono::seconds(10);
     auto last_join = last_beat;
     while (!(o_.stop && o_.stop->load())) {
@@ -66,7 +90,7 @@ class Node {
       // (a no-op for a known member) so a node dropped while busy comes back; heartbeats
       // every second.
       if (now - last_join > std::chrono::seconds(joined_ ? 5 : 2)) {
-        (void)ep_->Send(o_.rendezvous, wire::Message(wire::Join{o_.room, ep_->address(), hello_}), 500);
+        (void)ep_->Send(o_.rendezvous, wire::Message(wire::Join{o_.room, address_, hello_}), 500);
         last_join = now;
       }
       if (now - last_beat > std::chrono::seconds(1)) {
@@ -105,6 +129,8 @@ class Node {
   }
 
   void On(wire::Peers& p) {
+    // Only the room's members (and the rendezvous) may reach this inbox from now on.
+    net::ApplyPeerList(*ep_, server_key_, p);
     if (!joined_) std::fprintf(stderr, "node %s: in room '%s' with %zu device(s)\n", hello_.name.c_str(), p.room.c_str(), p.peers.size());
     joined_ = true;
     bool head_here = head_id_.empty();
@@ -357,6 +383,8 @@ class Node {
   int hop_delay_ms_ = 0;
   std::string id_;
   std::unique_ptr<net::Endpoint> ep_;
+  std::string address_;     // what peers send to (the inbox, or --advertise)
+  std::string server_key_;  // the rendezvous's public key
   wire::Hello hello_;
   bool joined_ = false;
   Clock::time_point last_beat_ = Clock::now();

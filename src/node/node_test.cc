@@ -39,10 +39,12 @@ class NodeTest : public ::testing::Test {
     net::RendezvousOptions ro;
     ro.port = 0;
     ro.auto_approve = true;
+    ro.dead_after_s = 120;  // the hand-written head sends no heartbeats
     auto rv = net::Rendezvous::Start(ro);
     ASSERT_TRUE(rv.ok());
     rv_ = std::move(*rv);
     options_.rendezvous = rv_->address();
+    options_.admission = rv_->LocalAdmission(/*trusted=*/false);
     options_.print_tokens = false;
     options_.stop = &stop_;
     options_.hub.use_cache = false;
@@ -50,9 +52,21 @@ class NodeTest : public ::testing::Test {
     for (int i = 0; i < 100 && rv_->Members().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     ASSERT_EQ(rv_->Members().size(), 1u);
     node_ = rv_->Members()[0];
+    // The hand-written head is a member of the room too: the node's inbox admits only the
+    // keys of its room's members.
     auto ep = net::Endpoint::Bind("127.0.0.1", 0);
     ASSERT_TRUE(ep.ok());
     head_ = std::move(*ep);
+    head_id_ = net::KeyId(head_->public_key());
+    rv_->Admit("default", head_->public_key(), "test-head");
+    head_->SetPeerKey(rv_->address(), rv_->public_key());
+    head_->Allow(rv_->public_key());
+    wire::Hello hh{wire::kProtocolVersion, wire::kCapHead, 1.0, 0, 0, "scalar", head_id_, "test-head"};
+    ASSERT_TRUE(head_->Send(rv_->address(), wire::Message(wire::Join{"default", head_->address(), hh})).ok());
+    std::optional<wire::Peers> peers;
+    for (int i = 0; i < 10 && (!peers || peers->peers.size() < 2); ++i) peers = Await<wire::Peers>(*head_, 500);
+    ASSERT_TRUE(peers && peers->peers.size() == 2u);
+    net::ApplyPeerList(*head_, rv_->public_key(), *peers);
     model_dir_ = std::string(std::getenv("DAISY_MODELS")) + "/stories260K";
     source_ = std::move(OpenLocalFolder(model_dir_).value());
     info_ = std::make_unique<ModelInfo>(std::move(LoadModelInfo(*source_).value()));
@@ -73,7 +87,7 @@ class NodeTest : public ::testing::Test {
     a.spec_hash = SpecHash(info_->spec);
     a.model_hash = ModelHashOf(*source_, info_->index);
     a.ctx = 64;
-    a.stages = {{"headheadheadhead", head_->address(), 0, 2}, {node_.hello.device_id, node_.address, 2, 5}};
+    a.stages = {{head_id_, head_->address(), 0, 2}, {node_.hello.device_id, node_.address, 2, 5}};
     a.your_stage = 1;
     return a;
   }
@@ -108,6 +122,7 @@ class NodeTest : public ::testing::Test {
   std::thread thread_;
   net::MemberInfo node_;
   std::unique_ptr<net::Endpoint> head_;
+  std::string head_id_;
   std::unique_ptr<ModelSource> source_;
   std::unique_ptr<ModelInfo> info_;
 };

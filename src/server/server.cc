@@ -17,6 +17,7 @@
 #include "api.h"
 #include "assets.h"
 #include "chat.h"
+#include "join.h"
 #include "daisy/head.h"
 #include "daisy/log.h"
 #include "daisy/net.h"
@@ -37,9 +38,6 @@ constexpr auto kStateEvery = 2s;     // /api/events sends the state at least thi
 constexpr auto kWatchEvery = 500ms;  // how often the snapshot is recomputed
 constexpr auto kPingEvery = 1s;      // SSE comment while a stream has nothing to say
 
-std::string ShortId(const std::string& id) {
-  return id.substr(0, 8);
-}
 
 double Mb(uint64_t bytes) {
   return static_cast<double>(bytes) / 1e6;
@@ -235,7 +233,7 @@ struct Server::Impl {
         if (m.room == options.room) members.push_back(std::move(m));
     } else {
       for (auto& p : options.session->Peers())
-        members.push_back(net::MemberInfo{options.room, p.address, p.hello, true});
+        members.push_back(net::MemberInfo{options.room, p.address, p.hello, true, p.public_key});
     }
     const std::string& head_id = options.session->device_id();
     std::optional<uint64_t> head_probe;
@@ -248,8 +246,10 @@ struct Server::Impl {
       std::string probe = "unknown";
       if (head_probe && compute) probe = h.probe_hash == *head_probe ? "ok" : "differs";
       if (h.device_id == head_id) probe = "ok";
+      const std::string fpr = net::Fingerprint(m.public_key);
       out.push_back({{"id", h.device_id},
-                     {"short", ShortId(h.device_id)},
+                     {"short", fpr},
+                     {"fingerprint", fpr},
                      {"name", h.name},
                      {"status", m.approved ? "approved" : "pending"},
                      {"is_head", h.device_id == head_id},
@@ -259,6 +259,24 @@ struct Server::Impl {
                      {"free_memory", h.free_memory},
                      {"probe", probe},
                      {"compute", compute}});
+    }
+    // Devices that asked to join and wait for the host: only their key and name are known.
+    if (options.rendezvous) {
+      for (const auto& p : options.rendezvous->Pending()) {
+        if (p.room != options.room) continue;
+        out.push_back({{"id", p.device_id},
+                       {"short", p.fingerprint},
+                       {"fingerprint", p.fingerprint},
+                       {"name", p.name},
+                       {"status", "pending"},
+                       {"is_head", false},
+                       {"is_serve", false},
+                       {"backend", ""},
+                       {"gemms_per_s", 0.0},
+                       {"free_memory", 0},
+                       {"probe", "unknown"},
+                       {"compute", false}});
+      }
     }
     return out;
   }
@@ -654,7 +672,7 @@ struct Server::Impl {
     Json j = Json::parse(req.body, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_string() ||
         j["id"].get<std::string>().empty())
-      return SendError(res, srv::BadRequest("the body must be {\"id\": \"DEVICE_ID_PREFIX\"}", "id"));
+      return SendError(res, srv::BadRequest("the body must be {\"id\": \"DEVICE_ID_OR_FINGERPRINT_PREFIX\"}", "id"));
     if (!options.rendezvous) return SendError(res, FromStatus(Unavailable("this server runs no rendezvous")));
     Status st = options.rendezvous->Approve(j["id"].get<std::string>());
     if (!st.ok()) {
@@ -696,7 +714,7 @@ struct Server::Impl {
         return SendError(res, srv::BadRequest("'ctx' must be a non-negative integer (0: the model's default)", "ctx"));
       ctx = static_cast<int>(j["ctx"].get<int64_t>());
     }
-    int stages = 0;
+    int stages = default_stages.load();  // absent: the split stays as it was (serve --stages)
     if (j.contains("stages") && !j["stages"].is_null()) {
       if (!j["stages"].is_number_integer() || j["stages"].get<int64_t>() < 0 || j["stages"].get<int64_t>() > 64)
         return SendError(res, srv::BadRequest("'stages' must be an integer from 0 (automatic) to 64", "stages"));
@@ -979,6 +997,7 @@ struct Server::Impl {
     http.Get("/api/state", [this](const httplib::Request&, httplib::Response& res) { HandleState(res); });
     http.Get("/api/events", [this](const httplib::Request&, httplib::Response& res) { HandleEvents(res); });
     http.Post("/api/approve", [this](const httplib::Request& req, httplib::Response& res) { HandleApprove(req, res); });
+    srv::AddJoinRoutes(http, options.rendezvous, options.room, options.source_of);
     http.Post("/api/load", [this](const httplib::Request& req, httplib::Response& res) { HandleLoad(req, res); });
     http.Post("/api/generate",
               [this](const httplib::Request& req, httplib::Response& res) { HandleUiGenerate(req, res); });
@@ -1053,6 +1072,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   ::signal(SIGPIPE, SIG_IGN);
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->default_stages.store(std::max(0, options.default_stages));
   const int threads = std::max(8, options.threads);
   impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   impl->http.set_keep_alive_timeout(5);
@@ -1070,6 +1090,37 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   impl->watch_thread = std::thread([p] { p->WatchLoop(); });
   for (int i = 0; i < 500 && !impl->http.is_running(); ++i) std::this_thread::sleep_for(2ms);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+struct JoinServer::Impl {
+  httplib::Server http;
+  int port = 0;
+  std::thread listen_thread;
+};
+
+JoinServer::JoinServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+JoinServer::~JoinServer() {
+  impl_->http.stop();
+  if (impl_->listen_thread.joinable()) impl_->listen_thread.join();
+}
+
+int JoinServer::port() const { return impl_->port; }
+
+Result<std::unique_ptr<JoinServer>> JoinServer::Start(const JoinServerOptions& options) {
+  if (!options.rendezvous) return InvalidArgument("Bug: JoinServer needs a rendezvous");
+  ::signal(SIGPIPE, SIG_IGN);
+  auto impl = std::make_unique<Impl>();
+  impl->http.set_read_timeout(10);
+  impl->http.set_payload_max_length(size_t{64} << 10);
+  srv::AddJoinRoutes(impl->http, options.rendezvous, options.room, options.source_of);
+  impl->port = options.port == 0 ? impl->http.bind_to_any_port(options.host)
+                                 : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);
+  if (impl->port <= 0) return Unavailable("cannot listen for HTTP on " + options.host + ":" + std::to_string(options.port));
+  Impl* p = impl.get();
+  impl->listen_thread = std::thread([p] { p->http.listen_after_bind(); });
+  for (int i = 0; i < 500 && !impl->http.is_running(); ++i) std::this_thread::sleep_for(2ms);
+  return std::unique_ptr<JoinServer>(new JoinServer(std::move(impl)));
 }
 
 }  // namespace daisy

@@ -104,6 +104,16 @@ bool SafeModelId(std::string_view id) {
   return true;
 }
 
+// A CURVE public key as Z85 text: 40 characters of the Z85 alphabet (32 bytes).
+bool Z85Key(std::string_view k) {
+  static constexpr std::string_view kZ85 =
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+  if (k.size() != kPublicKeyChars) return false;
+  for (char c : k)
+    if (kZ85.find(c) == std::string_view::npos) return false;
+  return true;
+}
+
 // "tcp://host:port" with a plain host name or IPv4 address and a port in [1, 65535].
 bool SafeAddress(std::string_view a) {
   if (!a.starts_with("tcp://")) return false;
@@ -305,6 +315,7 @@ std::vector<uint8_t> Encode(const Message& message) {
           for (const auto& p : m.peers) {
             w.Str(p.address);
             WriteHello(w, p.hello);
+            w.Str(p.public_key);
           }
         }
       },
@@ -344,7 +355,9 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
         Peer p;
         p.address = r.Str("peer address", 256);
         p.hello = ReadHello(r);
+        p.public_key = r.Str("peer public_key", kPublicKeyChars);
         if (r.ok() && !SafeAddress(p.address)) r.Fail("peer address '" + p.address + "' is not tcp://host:port");
+        if (r.ok() && !Z85Key(p.public_key)) r.Fail("peer public_key is not 40 characters of Z85");
         m.peers.push_back(std::move(p));
       }
       out = std::move(m);

@@ -10,6 +10,9 @@
 namespace daisy::wire {
 namespace {
 
+// A CURVE public key in Z85 (the ZeroMQ test vector's).
+constexpr const char* kKey = "rq:^%7Gl8#i&GJdRjdR?VTnxbD*3A0g/VQxcqKx5";
+
 Activation MakeActivation(int n_tokens, int hidden) {
   Activation a;
   a.seq = 3;
@@ -109,9 +112,17 @@ TEST(Wire, EveryMessageRoundTrips) {
   Join j = RoundTrip(Join{"room-1", "tcp://127.0.0.1:4444", h});
   EXPECT_EQ(j.hello.name, "laptop");
   EXPECT_EQ(j.address, "tcp://127.0.0.1:4444");
-  Peers ps = RoundTrip(Peers{"room-1", {Peer{"tcp://127.0.0.1:4444", h}, Peer{"tcp://10.0.0.2:9", h}}});
+  Peers ps = RoundTrip(Peers{"room-1", {Peer{"tcp://127.0.0.1:4444", h, kKey}, Peer{"tcp://10.0.0.2:9", h, kKey}}});
   ASSERT_EQ(ps.peers.size(), 2u);
   EXPECT_EQ(ps.peers[1].address, "tcp://10.0.0.2:9");
+  EXPECT_EQ(ps.peers[1].public_key, kKey);
+}
+
+TEST(Wire, RefusesPeersWithoutAWellFormedPublicKey) {
+  Hello h{kProtocolVersion, kCapCompute, 1.0, 2, 3, "scalar", "id", "n"};
+  ExpectRefused(Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:1", h, ""}}})), "public_key");
+  ExpectRefused(Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:1", h, std::string(kKey).substr(1) + " "}}})), "public_key");
+  ExpectRefused(Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:1", h, std::string(kKey) + "x"}}})), "exceeds the cap");
 }
 
 TEST(Wire, RefusesImpossibleCacheAndProgressFields) {
@@ -231,7 +242,7 @@ TEST(Wire, MutatedFramesNeverCrashTheDecoder) {
       Encode(Message(Done{1, FinishReason::kStop})), Encode(Message(Progress{1, 1, 2, 3})),
       Encode(Message(StageStats{1, 1, 2, 0.5})), Encode(Message(HopDigest{1, 1, 2, 1, 5, 6})),
       Encode(Message(AuditRequest{1, 0, 4})), Encode(Message(AuditData{1, 1, 0, {1.0f, 2.0f}})),
-      Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:4444", Hello{kProtocolVersion, 1, 1.0, 2, 3, "s", "i", "n"}}}}))};
+      Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:4444", Hello{kProtocolVersion, 1, 1.0, 2, 3, "s", "i", "n"}, kKey}}}))};
   std::mt19937_64 rng(1234);
   int accepted = 0;
   for (int iter = 0; iter < 100000; ++iter) {

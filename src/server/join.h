@@ -1,0 +1,23 @@
+// Internal: the join endpoints of a rendezvous over HTTP (GET /api/key, POST /api/join),
+// shared by the full server of `serve` and the join-only server of `demo`.
+#pragma once
+
+#include <httplib.h>
+
+#include <functional>
+#include <string>
+
+namespace daisy {
+namespace net {
+class Rendezvous;
+}
+namespace srv {
+
+// Where a request really came from: the port mux's client for a relayed connection,
+// otherwise the peer address httplib saw.
+using SourceOf = std::function<std::string(int remote_port)>;
+
+void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rendezvous, std::string room_hint, SourceOf source_of);
+
+}  // namespace srv
+}  // namespace daisy
