@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
     const char width = 4;
     f.write(&width, 1);
     f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    if (!f) {
+      std::fprintf(stderr, "make_wire_seeds: cannot write into %s\n", argv[1]);
+      return 1;
+    }
     ++i;
   }
   std::printf("%d seeds written\n", i);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <thread>
 
 #include "daisy/head.h"
@@ -131,6 +132,88 @@ TEST_F(AuditTest, AFifthAuditCatchesItNineTimesInTen) {
   }
   std::printf("audit 0.2: the rigged stage was caught in %d of 10 seeded runs of 100 tokens\n", caught);
   EXPECT_GE(caught, 9);
+}
+
+// Hostile input from inside the room: an approved member (not a stage of the turn) floods
+// every other member with garbage and with well-formed frames it has no business sending
+// (fake errors, done, tokens, activations, assignments, peer lists). Each receiver drops
+// them by sender key; the turn completes with no replay and the single-device ids.
+TEST_F(AuditTest, AMemberThatFloodsGarbageDisturbsNothing) {
+  StartRing(0);
+  auto rogue = net::Endpoint::Bind("127.0.0.1", 0);
+  ASSERT_TRUE(rogue.ok()) << rogue.status().message();
+  net::Endpoint& ep = **rogue;
+  rendezvous_->Admit("default", ep.public_key(), "rogue");
+  ep.SetPeerKey(rendezvous_->address(), rendezvous_->public_key());
+  ep.Allow(rendezvous_->public_key());
+  wire::Hello h;
+  h.capabilities = 0;  // never planned: it only talks
+  h.device_id = net::KeyId(ep.public_key());
+  h.name = "rogue";
+  h.backend = "scalar";
+  std::optional<wire::Peers> peers;
+  for (int i = 0; i < 100 && !peers; ++i) {
+    if (i % 10 == 0) ASSERT_TRUE(ep.Send(rendezvous_->address(), wire::Message(wire::Join{"default", ep.address(), h}), 1000).ok());
+    auto f = ep.Receive(100);
+    if (f.ok() && f->has_value())
+      if (auto m = wire::Decode(**f); m.ok() && std::holds_alternative<wire::Peers>(*m)) peers = std::get<wire::Peers>(*m);
+  }
+  ASSERT_TRUE(peers.has_value()) << "the rogue was not let into the room";
+  net::ApplyPeerList(ep, rendezvous_->public_key(), *peers);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> sent{0};
+  std::thread flood([&] {
+    std::mt19937_64 rng(99);
+    wire::Activation fake;
+    fake.seq = 1;
+    fake.next = 1;
+    fake.values.assign(64, 0.5f);
+    fake.act_hash = wire::ActHash(fake.values);
+    wire::Assignment bogus;
+    bogus.turn = 77;
+    bogus.model_id = "owner/model";
+    bogus.revision = "main";
+    bogus.ctx = 16;
+    bogus.stages = {{h.device_id, ep.address(), 0, 5}};
+    auto last_beat = std::chrono::steady_clock::now();
+    while (!stop.load()) {
+      // The room grows (the head joins with the turn): keep the member list current.
+      for (auto f = ep.Receive(0); f.ok() && f->has_value(); f = ep.Receive(0))
+        if (auto m = wire::Decode(**f); m.ok() && std::holds_alternative<wire::Peers>(*m)) {
+          peers = std::get<wire::Peers>(*m);
+          net::ApplyPeerList(ep, rendezvous_->public_key(), *peers);
+        }
+      if (std::chrono::steady_clock::now() - last_beat > std::chrono::milliseconds(500)) {
+        (void)ep.Send(rendezvous_->address(), wire::Message(wire::Heartbeat{0, h.device_id}), 200);
+        last_beat = std::chrono::steady_clock::now();
+      }
+      std::vector<uint8_t> junk(1 + rng() % 200);
+      for (auto& b : junk) b = static_cast<uint8_t>(rng());
+      for (const auto& p : peers->peers) {
+        if (p.hello.device_id == h.device_id) continue;
+        const int32_t seq = static_cast<int32_t>(rng() % 8);
+        fake.seq = seq;
+        fake.token_index = static_cast<int32_t>(rng() % 8);
+        const std::vector<wire::Message> frames = {wire::ErrorMsg{2, "rogue says the turn failed"}, wire::Done{seq, wire::FinishReason::kStop, 0, 0},
+                                                   wire::Token{seq, 3, 7}, fake, bogus, *peers};
+        if (ep.Send(p.address, junk, 50).ok()) ++sent;
+        for (const auto& m : frames)
+          if (ep.Send(p.address, m, 50).ok()) ++sent;
+      }
+    }
+  });
+  HeadReport r = Run(0, 1, 60, "Once upon a time");
+  HeadReport again = Run(0, 1, 20, "The little dog");
+  stop = true;
+  flood.join();
+  std::printf("the rogue sent %lld frames during two turns\n", static_cast<long long>(sent.load()));
+  EXPECT_GT(sent.load(), 1000);
+  EXPECT_EQ(r.replays, 0);
+  EXPECT_EQ(r.ids.size(), 60u);
+  EXPECT_TRUE(r.verified.value_or(false)) << r.verify_message;
+  EXPECT_EQ(again.replays, 0);
+  EXPECT_TRUE(again.verified.value_or(false)) << again.verify_message;
 }
 
 }  // namespace

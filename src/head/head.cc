@@ -38,15 +38,28 @@ class Room {
     (void)ep_.Send(rendezvous_, wire::Message(wire::Heartbeat{0, id_}), 300);
     last_beat_ = Clock::now();
   }
-  // Keeps the member list; other frames are returned to the caller.
+  // Keeps the member list; other frames are returned to the caller. Peer lists come only
+  // from the rendezvous, everything else only from the stages of the turn in progress:
+  // frames from any other member are dropped unread (and never end a turn).
   std::optional<wire::Message> Poll(int timeout_ms, int hidden) {
     Beat();
-    auto f = ep_.Receive(timeout_ms);
+    auto f = ep_.ReceiveFrame(timeout_ms);
     if (!f.ok() || !f->has_value()) return std::nullopt;
-    auto m = wire::Decode(**f, hidden);
+    last_sender_ = (*f)->sender_key;
+    const bool from_server = last_sender_ == server_key_;
+    const bool from_stage = stage_keys_.count(last_sender_) > 0;
+    if (!from_server && !from_stage) {
+      Dropped(last_sender_);
+      return std::nullopt;
+    }
+    auto m = wire::Decode((*f)->bytes, hidden);
     if (!m.ok()) {
       LogWarning("head: refused a frame: " + m.status().message());
-      last_refusal_ = m.status().message();
+      if (from_stage) last_refusal_ = m.status().message();
+      return std::nullopt;
+    }
+    if (std::holds_alternative<wire::Peers>(*m) != from_server) {
+      Dropped(last_sender_);
       return std::nullopt;
     }
     if (auto* p = std::get_if<wire::Peers>(&*m)) {
@@ -59,6 +72,22 @@ class Room {
     }
     return std::move(*m);
   }
+  // The keys of the turn's stages (the room lists each member's key); empty between turns.
+  void SetStageDevices(const std::vector<std::string>& device_ids) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stage_keys_.clear();
+    for (const auto& id : device_ids)
+      for (const auto& p : peers_)
+        if (p.hello.device_id == id) stage_keys_.insert(p.public_key);
+  }
+  std::string KeyOf(const std::string& device_id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& p : peers_)
+      if (p.hello.device_id == device_id) return p.public_key;
+    return {};
+  }
+  // The key that sent the frame Poll returned last.
+  const std::string& last_sender() const { return last_sender_; }
   bool Has(const std::string& device_id) const {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& p : peers_)
@@ -87,6 +116,19 @@ class Room {
   std::vector<wire::Peer> peers_;
   bool seen_peers_ = false;
   std::string last_refusal_;
+  std::set<std::string> stage_keys_;
+  std::string last_sender_;
+  int64_t dropped_ = 0;
+  Clock::time_point last_drop_log_ = Clock::now() - std::chrono::seconds(10);
+
+  // At most one line a second about dropped frames, however many arrive.
+  void Dropped(const std::string& sender) {
+    ++dropped_;
+    if (Since(last_drop_log_) < 1.0) return;
+    last_drop_log_ = Clock::now();
+    LogWarning("head: dropped a frame from " + (sender.empty() ? std::string("an unknown sender") : "key " + sender.substr(0, 8)) +
+               ", which is not a stage of this turn (" + std::to_string(dropped_) + " dropped so far)");
+  }
 };
 
 // What a turn's stage audit needs: the head re-runs audited stages' layers itself.
@@ -169,6 +211,8 @@ class NetLink final : public StageLink {
       auto* back = std::get_if<wire::Activation>(&*m);
       if (!back || back->seq != seq_ || back->next != wire::kNextReturn) continue;  // stale or not ours
       if (back->token_index != want) continue;
+      // The return leg is the last stage's alone: another member cannot answer for it.
+      if (sender_ != room_.KeyOf(stages_.back().device_id)) continue;
       HiddenStates out = std::move(pending_.front().hidden);
       pending_.pop_front();
       if (back->model_hash != model_hash_) return Unavailable("the returning activation carries another model's hash");
@@ -217,14 +261,16 @@ class NetLink final : public StageLink {
   // A frame taken while waiting for something else is kept for the next wait.
   std::optional<wire::Message> Next(int timeout_ms) {
     if (!stash_.empty()) {
-      wire::Message m = std::move(stash_.front());
+      wire::Message m = std::move(stash_.front().first);
+      sender_ = std::move(stash_.front().second);
       stash_.pop_front();
       return m;
     }
     auto m = room_.Poll(timeout_ms, hidden_);
+    sender_ = room_.last_sender();
     if (m && audit_.rate > 0) {
       if (auto* d = std::get_if<wire::HopDigest>(&*m)) {
-        if (d->seq == seq_ && d->stage >= 1 && static_cast<size_t>(d->stage) < stages_.size()) digests_[{d->stage, d->token_index}] = *d;
+        if (d->seq == seq_ && FromStage(d->stage)) digests_[{d->stage, d->token_index}] = *d;
         return std::nullopt;
       }
     }
@@ -239,13 +285,19 @@ class NetLink final : public StageLink {
       auto m = room_.Poll(20, hidden_);
       if (!m) continue;
       if (auto* d = std::get_if<wire::HopDigest>(&*m)) {
-        if (d->seq == seq_ && d->stage >= 1 && static_cast<size_t>(d->stage) < stages_.size()) digests_[{d->stage, d->token_index}] = *d;
+        if (d->seq == seq_ && FromStage(d->stage)) digests_[{d->stage, d->token_index}] = *d;
       } else {
-        stash_.push_back(std::move(*m));
+        stash_.emplace_back(std::move(*m), room_.last_sender());
       }
     }
     failed_device_ = stages_[static_cast<size_t>(stage)].device_id;
     return Unavailable("audit: " + Who(stage) + " sent no digest for its hop at position " + std::to_string(token_index));
+  }
+
+  // Whether the frame Poll returned last came from stage s's own key: a stage's digests
+  // and audit inputs cannot be forged by another member.
+  bool FromStage(int s) const {
+    return s >= 1 && static_cast<size_t>(s) < stages_.size() && room_.last_sender() == room_.KeyOf(stages_[static_cast<size_t>(s)].device_id);
   }
 
   std::string Who(int stage) const {
@@ -303,14 +355,14 @@ class NetLink final : public StageLink {
     while (!data && Since(start) < lap_timeout_s_) {
       auto m = room_.Poll(20, hidden_);
       if (!m) continue;
-      if (auto* ad = std::get_if<wire::AuditData>(&*m); ad && ad->seq == seq_ && ad->stage == s && ad->from == sh.len) {
+      if (auto* ad = std::get_if<wire::AuditData>(&*m); ad && ad->seq == seq_ && ad->stage == s && ad->from == sh.len && FromStage(s)) {
         data = std::move(*ad);
       } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m); e && e->code == 6) {
         return Blame(s, sh.len, "did not answer the audit: " + e->message);
       } else if (auto* d = std::get_if<wire::HopDigest>(&*m)) {
-        if (d->seq == seq_ && d->stage >= 1 && static_cast<size_t>(d->stage) < stages_.size()) digests_[{d->stage, d->token_index}] = *d;
+        if (d->seq == seq_ && FromStage(d->stage)) digests_[{d->stage, d->token_index}] = *d;
       } else {
-        stash_.push_back(std::move(*m));
+        stash_.emplace_back(std::move(*m), room_.last_sender());
       }
     }
     if (!data) return Blame(s, sh.len, "did not answer the audit within " + std::to_string(static_cast<int>(lap_timeout_s_)) + " s");
@@ -349,7 +401,8 @@ class NetLink final : public StageLink {
   std::vector<Shadow> shadows_;
   std::map<std::pair<int, int32_t>, wire::HopDigest> digests_;  // (stage, first position)
   std::map<int32_t, uint64_t> sent_hash_;                       // what the head sent, by position
-  std::deque<wire::Message> stash_;
+  std::deque<std::pair<wire::Message, std::string>> stash_;  // with the key that sent it
+  std::string sender_;  // the key that sent what Next returned last
   int64_t audited_ = 0;
   int64_t recomputed_ = 0;
   std::optional<int32_t> bad_position_;
@@ -715,6 +768,12 @@ struct HeadSession::Impl {
       keep = static_cast<int>(std::min(CommonPrefix(slot.ids, r.prompt_ids), r.prompt_ids.size() - 1));
     const uint64_t keep_tag = IdsTag(slot.ids);
 
+    // Only this turn's stages may answer the head from now on.
+    {
+      std::vector<std::string> ids;
+      for (size_t i = 1; i < stages.size(); ++i) ids.push_back(stages[i].device_id);
+      room->SetStageDevices(ids);
+    }
     // Assign every other stage; each fetches its own layers itself. Links that broke
     // before this turn are not this turn's fault.
     (void)ep->TakeDropped();

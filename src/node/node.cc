@@ -1,5 +1,7 @@
 // The ring member loop: join, hello, assignment, fetch own layers, ready, serve hops.
 #include <algorithm>
+#include <utility>
+#include <map>
 #include <bit>
 #include <chrono>
 #include <cstdlib>
@@ -97,10 +99,10 @@ class Node {
         Beat();
         last_beat = now;
       }
-      auto frame = ep_->Receive(100);
+      auto frame = ep_->ReceiveFrame(100);
       if (!frame.ok()) return frame.status();
       if (!frame->has_value()) continue;
-      Handle(**frame);
+      Handle((*frame)->bytes, (*frame)->sender_key);
     }
     (void)ep_->Send(o_.rendezvous, wire::Message(wire::Bye{id_}), 300);
     return Status::Ok();
@@ -117,20 +119,59 @@ class Node {
                                      .count());
   }
 
-  void Handle(const std::vector<uint8_t>& frame) {
+  // Who may send what: the rendezvous its peer lists; a head (the key the room lists for
+  // the device an assignment names as stage 0) its assignment; the head of the turn its
+  // tokens, done, audit requests and errors; the stage before this one the activations.
+  // Anything else, and garbage from anyone but those two, is dropped without a word to
+  // the head: a member of the room that floods or sends junk disturbs nothing.
+  void Handle(const std::vector<uint8_t>& frame, const std::string& sender) {
+    const bool from_head = !head_key_.empty() && sender == head_key_;
+    const bool from_upstream = !upstream_key_.empty() && sender == upstream_key_;
     auto msg = wire::Decode(frame, slice_.weights ? slice_.info->spec.hidden : 0);
     if (!msg.ok()) {
-      LogWarning("node: refused a frame: " + msg.status().message());
-      if (!head_address_.empty())
+      if (from_head || from_upstream) {
+        LogWarning("node: refused a frame: " + msg.status().message());
         (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{2, hello_.name + " refused a frame: " + msg.status().message()}), 500);
+      } else {
+        Dropped(sender, "a malformed frame (" + msg.status().message() + ")");
+      }
       return;
     }
+    bool allowed = false;
+    std::visit(
+        [&](const auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, wire::Peers>) {
+            allowed = sender == server_key_;
+          } else if constexpr (std::is_same_v<T, wire::Assignment>) {
+            auto it = key_of_.find(m.stages[0].device_id);
+            allowed = it != key_of_.end() && it->second == sender;
+          } else if constexpr (std::is_same_v<T, wire::Activation>) {
+            allowed = from_upstream;
+          } else if constexpr (std::is_same_v<T, wire::Token> || std::is_same_v<T, wire::Done> ||
+                               std::is_same_v<T, wire::AuditRequest> || std::is_same_v<T, wire::ErrorMsg>) {
+            allowed = from_head;
+          }
+        },
+        *msg);
+    if (!allowed) return Dropped(sender, "a " + std::string(wire::TagName(static_cast<int32_t>(frame[0]) | ~0xff)) + " it has no business sending");
     std::visit([&](auto& m) { On(m); }, *msg);
+  }
+
+  // At most one line a second about dropped frames, however many arrive.
+  void Dropped(const std::string& sender, const std::string& what) {
+    ++dropped_;
+    if (Clock::now() - last_drop_log_ < std::chrono::seconds(1)) return;
+    last_drop_log_ = Clock::now();
+    LogWarning("node " + hello_.name + ": dropped " + what + " from " + (sender.empty() ? std::string("an unknown sender") : "key " + sender.substr(0, 8)) +
+               " (" + std::to_string(dropped_) + " dropped so far)");
   }
 
   void On(wire::Peers& p) {
     // Only the room's members (and the rendezvous) may reach this inbox from now on.
     net::ApplyPeerList(*ep_, server_key_, p);
+    key_of_.clear();
+    for (const auto& peer : p.peers) key_of_[peer.hello.device_id] = peer.public_key;
     if (!joined_) std::fprintf(stderr, "node %s: in room '%s' with %zu device(s)\n", hello_.name.c_str(), p.room.c_str(), p.peers.size());
     joined_ = true;
     bool head_here = head_id_.empty();
@@ -140,6 +181,8 @@ class Node {
       busy_head_.clear();
       head_id_.clear();
       head_address_.clear();
+      head_key_.clear();
+      upstream_key_.clear();
       seq_ = -1;
     }
   }
@@ -151,12 +194,17 @@ class Node {
                       wire::Message(wire::ErrorMsg{wire::kErrBusy, "busy: " + hello_.name + " is serving another head's turn"}), 1000);
       return;
     }
-    head_id_ = a.stages[0].device_id;
-    head_address_ = a.stages[0].address;
+    // The sender becomes this device's head only once its assignment is accepted.
+    const std::string old_id = std::exchange(head_id_, a.stages[0].device_id);
+    const std::string old_address = std::exchange(head_address_, a.stages[0].address);
+    const std::string old_key = std::exchange(head_key_, key_of_[head_id_]);  // Handle checked the sender holds it
     Status st = Assign(a);
     if (!st.ok()) {
       std::fprintf(stderr, "node %s: assignment refused: %s\n", hello_.name.c_str(), Redact(st.message()).c_str());
-      (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{3, hello_.name + ": " + Redact(st.message())}), 1000);
+      (void)ep_->Send(a.stages[0].address, wire::Message(wire::ErrorMsg{3, hello_.name + ": " + Redact(st.message())}), 1000);
+      head_id_ = old_id;
+      head_address_ = old_address;
+      head_key_ = old_key;
       return;
     }
     busy_head_ = head_id_;
@@ -257,6 +305,8 @@ class Node {
       slice_.ctx = a.ctx;
     }
     SelectCache(a);
+    // Activations come only from the stage before this one (the head, for stage 1).
+    upstream_key_ = key_of_[a.stages[static_cast<size_t>(a.your_stage) - 1].device_id];
     stage_ = a.your_stage;
     stages_ = a.stages;
     seq_ = static_cast<int32_t>(a.turn);
@@ -385,6 +435,11 @@ class Node {
   std::unique_ptr<net::Endpoint> ep_;
   std::string address_;     // what peers send to (the inbox, or --advertise)
   std::string server_key_;  // the rendezvous's public key
+  std::map<std::string, std::string> key_of_;  // device id -> public key, from the peer list
+  std::string head_key_;      // the key of the head whose turn this is
+  std::string upstream_key_;  // the key of the stage that sends this one its activations
+  int64_t dropped_ = 0;
+  Clock::time_point last_drop_log_ = Clock::now() - std::chrono::seconds(10);
   wire::Hello hello_;
   bool joined_ = false;
   Clock::time_point last_beat_ = Clock::now();

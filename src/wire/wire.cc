@@ -79,7 +79,18 @@ class Reader {
     if (error_.empty()) error_ = std::move(e);
   }
   std::span<const uint8_t> Rest() { return in_.subspan(pos_); }
-  void Skip(size_t n) { pos_ += n; }
+  // The next `bytes` (checked by the caller: a whole number of f32) as little-endian f32.
+  std::vector<float> F32s(size_t bytes) {
+    std::vector<float> v(bytes / 4);
+    auto rest = Rest();
+    for (size_t i = 0; i < v.size(); ++i) {
+      const uint32_t b = static_cast<uint32_t>(rest[4 * i]) | static_cast<uint32_t>(rest[4 * i + 1]) << 8 |
+                         static_cast<uint32_t>(rest[4 * i + 2]) << 16 | static_cast<uint32_t>(rest[4 * i + 3]) << 24;
+      v[i] = std::bit_cast<float>(b);
+    }
+    pos_ += bytes;
+    return v;
+  }
 
  private:
   std::span<const uint8_t> in_;
@@ -431,14 +442,7 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
       if (r.ok() && hidden > 0 && (bytes / 4) % static_cast<size_t>(hidden) != 0)
         r.Fail("payload of " + std::to_string(bytes / 4) + " values is not a whole number of rows of " + std::to_string(hidden));
       if (!r.ok()) break;
-      m.values.resize(bytes / 4);
-      auto rest = r.Rest();
-      for (size_t i = 0; i < m.values.size(); ++i) {
-        uint32_t b = static_cast<uint32_t>(rest[4 * i]) | static_cast<uint32_t>(rest[4 * i + 1]) << 8 |
-                     static_cast<uint32_t>(rest[4 * i + 2]) << 16 | static_cast<uint32_t>(rest[4 * i + 3]) << 24;
-        m.values[i] = std::bit_cast<float>(b);
-      }
-      r.Skip(bytes);
+      m.values = r.F32s(bytes);
       if (ActHash(m.values) != m.act_hash) {
         r.Fail("act_hash mismatch: the payload did not arrive intact");
         break;
@@ -531,14 +535,7 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
         r.Fail("payload is not a whole number of rows of " + std::to_string(hidden));
         break;
       }
-      m.values.resize(bytes / 4);
-      auto rest = r.Rest();
-      for (size_t i = 0; i < m.values.size(); ++i) {
-        uint32_t b = static_cast<uint32_t>(rest[4 * i]) | static_cast<uint32_t>(rest[4 * i + 1]) << 8 |
-                     static_cast<uint32_t>(rest[4 * i + 2]) << 16 | static_cast<uint32_t>(rest[4 * i + 3]) << 24;
-        m.values[i] = std::bit_cast<float>(b);
-      }
-      r.Skip(bytes);
+      m.values = r.F32s(bytes);
       out = std::move(m);
       break;
     }
