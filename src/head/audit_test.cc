@@ -13,66 +13,26 @@
 #include "daisy/head.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
+#include "test_ring.h"
 
 namespace daisy {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string Stories() { return std::string(std::getenv("DAISY_MODELS")) + "/stories260K"; }
 
 class AuditTest : public ::testing::Test {
  protected:
   // A fresh room for each test: node-b flips the lowest bit of every `flip_every`-th hop.
-  void StartRing(int flip_every) {
-    char tmpl[] = "/tmp/daisy_audit_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    home_ = tmpl;
-    ::setenv("DAISY_HOME", home_.c_str(), 1);
-    net::RendezvousOptions ro;
-    ro.port = 0;
-    ro.auto_approve = true;
-    auto rv = net::Rendezvous::Start(ro);
-    ASSERT_TRUE(rv.ok()) << rv.status().message();
-    rendezvous_ = std::move(*rv);
-    for (const char* role : {"node-a", "node-b"}) {
-      const int flip = std::string(role) == "node-b" ? flip_every : 0;
-      nodes_.emplace_back([this, role, flip] {
-        NodeOptions o;
-        o.role = role;
-        o.name = role;
-        o.rendezvous = rendezvous_->address();
-        o.admission = rendezvous_->LocalAdmission(/*trusted=*/false);  // auto_approve: approved at once
-        o.print_tokens = false;
-        o.stop = &stop_;
-        o.test_flip_every = flip;
-        o.hub.cache_dir = (home_ / role).string();
-        Status st = RunNode(o);
-        if (!st.ok()) std::fprintf(stderr, "node %s: %s\n", role, st.message().c_str());
-      });
-    }
-  }
-  void TearDown() override {
-    stop_ = true;
-    for (auto& t : nodes_) t.join();
-    rendezvous_.reset();
-    std::error_code ec;
-    fs::remove_all(home_, ec);
-  }
+  void StartRing(int flip_every) { ASSERT_EQ(ring_.Start({{"node-a"}, {"node-b", flip_every}}), ""); }
+  void TearDown() override { ring_.Stop(); }
 
   HeadReport Run(double rate, uint64_t seed, int max_tokens, const std::string& prompt) {
-    SessionOptions so;
-    so.rendezvous = rendezvous_->address();
-    so.admission = rendezvous_->LocalAdmission(/*trusted=*/false);
-    so.name = "auditing-head";
-    so.stages = 3;
-    so.wait_s = 20;
+    SessionOptions so = ring_.HeadOptions("auditing-head");
     so.audit_rate = rate;
     so.audit_seed = seed;
     auto s = HeadSession::Start(so);
     EXPECT_TRUE(s.ok()) << s.status().message();
     if (!s.ok()) return {};
-    auto v = (*s)->Load(Stories(), 256);
+    auto v = (*s)->Load(test_ring::StoriesModel(), 256);
     EXPECT_TRUE(v.ok()) << v.status().message();
     TurnRequest r;
     r.prompt_ids = *(*s)->tokenizer()->Encode(prompt, true);
@@ -84,10 +44,8 @@ class AuditTest : public ::testing::Test {
     return rep.ok() ? *rep : HeadReport{};
   }
 
-  fs::path home_;
-  std::unique_ptr<net::Rendezvous> rendezvous_;
-  std::vector<std::thread> nodes_;
-  std::atomic<bool> stop_{false};
+  test_ring::InProcessRing ring_;
+  net::Rendezvous& rendezvous() { return ring_.rendezvous(); }
 };
 
 TEST_F(AuditTest, AnHonestRingPassesEveryAudit) {
@@ -143,9 +101,9 @@ TEST_F(AuditTest, AMemberThatFloodsGarbageDisturbsNothing) {
   auto rogue = net::Endpoint::Bind("127.0.0.1", 0);
   ASSERT_TRUE(rogue.ok()) << rogue.status().message();
   net::Endpoint& ep = **rogue;
-  rendezvous_->Admit("default", ep.public_key(), "rogue");
-  ep.SetPeerKey(rendezvous_->address(), rendezvous_->public_key());
-  ep.Allow(rendezvous_->public_key());
+  rendezvous().Admit("default", ep.public_key(), "rogue");
+  ep.SetPeerKey(rendezvous().address(), rendezvous().public_key());
+  ep.Allow(rendezvous().public_key());
   wire::Hello h;
   h.capabilities = 0;  // never planned: it only talks
   h.device_id = net::KeyId(ep.public_key());
@@ -153,13 +111,15 @@ TEST_F(AuditTest, AMemberThatFloodsGarbageDisturbsNothing) {
   h.backend = "scalar";
   std::optional<wire::Peers> peers;
   for (int i = 0; i < 100 && !peers; ++i) {
-    if (i % 10 == 0) ASSERT_TRUE(ep.Send(rendezvous_->address(), wire::Message(wire::Join{"default", ep.address(), h}), 1000).ok());
+    if (i % 10 == 0) {
+      ASSERT_TRUE(ep.Send(rendezvous().address(), wire::Message(wire::Join{"default", ep.address(), h}), 1000).ok());
+    }
     auto f = ep.Receive(100);
-    if (f.ok() && f->has_value())
-      if (auto m = wire::Decode(**f); m.ok() && std::holds_alternative<wire::Peers>(*m)) peers = std::get<wire::Peers>(*m);
+    if (!f.ok() || !f->has_value()) continue;
+    if (auto m = wire::Decode(**f); m.ok() && std::holds_alternative<wire::Peers>(*m)) peers = std::get<wire::Peers>(*m);
   }
   ASSERT_TRUE(peers.has_value()) << "the rogue was not let into the room";
-  net::ApplyPeerList(ep, rendezvous_->public_key(), *peers);
+  net::ApplyPeerList(ep, rendezvous().public_key(), *peers);
 
   std::atomic<bool> stop{false};
   std::atomic<int64_t> sent{0};
@@ -182,10 +142,10 @@ TEST_F(AuditTest, AMemberThatFloodsGarbageDisturbsNothing) {
       for (auto f = ep.Receive(0); f.ok() && f->has_value(); f = ep.Receive(0))
         if (auto m = wire::Decode(**f); m.ok() && std::holds_alternative<wire::Peers>(*m)) {
           peers = std::get<wire::Peers>(*m);
-          net::ApplyPeerList(ep, rendezvous_->public_key(), *peers);
+          net::ApplyPeerList(ep, rendezvous().public_key(), *peers);
         }
       if (std::chrono::steady_clock::now() - last_beat > std::chrono::milliseconds(500)) {
-        (void)ep.Send(rendezvous_->address(), wire::Message(wire::Heartbeat{0, h.device_id}), 200);
+        (void)ep.Send(rendezvous().address(), wire::Message(wire::Heartbeat{0, h.device_id}), 200);
         last_beat = std::chrono::steady_clock::now();
       }
       std::vector<uint8_t> junk(1 + rng() % 200);

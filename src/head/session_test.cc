@@ -12,61 +12,30 @@
 #include "daisy/head.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
+#include "test_ring.h"
 
 namespace daisy {
 namespace {
 
-namespace fs = std::filesystem;
 
-std::string Stories() { return std::string(std::getenv("DAISY_MODELS")) + "/stories260K"; }
+using test_ring::InProcessRing;
+using test_ring::StoriesModel;
 
 class SessionTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/daisy_session_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    home_ = new fs::path(tmpl);
-    ::setenv("DAISY_HOME", home_->c_str(), 1);
-    net::RendezvousOptions ro;
-    ro.port = 0;
-    ro.auto_approve = true;
-    auto rv = net::Rendezvous::Start(ro);
-    ASSERT_TRUE(rv.ok()) << rv.status().message();
-    rendezvous_ = rv->release();
-    for (const char* role : {"node-a", "node-b"}) {
-      nodes_.emplace_back([role] {
-        NodeOptions o;
-        o.role = role;
-        o.name = role;
-        o.rendezvous = rendezvous_->address();
-        o.admission = rendezvous_->LocalAdmission(/*trusted=*/false);  // auto_approve: approved at once
-        o.print_tokens = false;
-        o.stop = &stop_;
-        o.hub.cache_dir = (*home_ / role).string();
-        Status st = RunNode(o);
-        if (!st.ok()) std::fprintf(stderr, "node %s: %s\n", role, st.message().c_str());
-      });
-    }
-    SessionOptions so;
-    so.rendezvous = rendezvous_->address();
-    so.admission = rendezvous_->LocalAdmission(/*trusted=*/false);
-    so.name = "test-head";
-    so.stages = 3;
-    so.wait_s = 20;
-    auto s = HeadSession::Start(so);
+    ring_ = new InProcessRing;
+    const std::string why = ring_->Start({{"node-a"}, {"node-b"}});
+    ASSERT_EQ(why, "");
+    auto s = HeadSession::Start(ring_->HeadOptions("test-head"));
     ASSERT_TRUE(s.ok()) << s.status().message();
     session_ = s->release();
-    auto v = session_->Load(Stories(), 256);
+    auto v = session_->Load(StoriesModel(), 256);
     ASSERT_TRUE(v.ok()) << v.status().message();
   }
   static void TearDownTestSuite() {
     delete session_;
-    stop_ = true;
-    for (auto& t : nodes_) t.join();
-    delete rendezvous_;
-    std::error_code ec;
-    fs::remove_all(*home_, ec);
-    delete home_;
+    delete ring_;
   }
 
   static std::vector<int32_t> Encode(const std::string& text, bool bos = true) {
@@ -86,10 +55,7 @@ class SessionTest : public ::testing::Test {
     return rep.ok() ? *rep : HeadReport{};
   }
 
-  static inline fs::path* home_ = nullptr;
-  static inline net::Rendezvous* rendezvous_ = nullptr;
-  static inline std::vector<std::thread> nodes_;
-  static inline std::atomic<bool> stop_{false};
+  static inline InProcessRing* ring_ = nullptr;
   static inline HeadSession* session_ = nullptr;
 };
 

@@ -1,0 +1,93 @@
+// Tests only: a ring in this process — a rendezvous (auto-approve) and nodes, each node a
+// thread, all on 127.0.0.1 sockets with CURVE like any other ring. Used by session_test
+// and audit_test.
+#pragma once
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daisy/head.h"
+#include "daisy/net.h"
+#include "daisy/node.h"
+
+namespace daisy::test_ring {
+
+inline std::string StoriesModel() { return std::string(std::getenv("DAISY_MODELS")) + "/stories260K"; }
+
+class InProcessRing {
+ public:
+  struct NodeSpec {
+    std::string role;       // also its name
+    int flip_every = 0;     // NodeOptions::test_flip_every
+  };
+
+  // Makes a DAISY_HOME under /tmp, starts the rendezvous and the nodes. Returns "" or why not.
+  std::string Start(const std::vector<NodeSpec>& nodes) {
+    char tmpl[] = "/tmp/daisy_ring_inproc_XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return "mkdtemp failed";
+    home_ = tmpl;
+    ::setenv("DAISY_HOME", home_.c_str(), 1);
+    net::RendezvousOptions ro;
+    ro.port = 0;
+    ro.auto_approve = true;
+    auto rv = net::Rendezvous::Start(ro);
+    if (!rv.ok()) return rv.status().message();
+    rendezvous_ = std::move(*rv);
+    for (const auto& n : nodes) {
+      threads_.emplace_back([this, n] {
+        NodeOptions o;
+        o.role = n.role;
+        o.name = n.role;
+        o.rendezvous = rendezvous_->address();
+        o.admission = rendezvous_->LocalAdmission(/*trusted=*/false);  // auto_approve: approved at once
+        o.print_tokens = false;
+        o.stop = &stop_;
+        o.test_flip_every = n.flip_every;
+        o.hub.cache_dir = (home_ / n.role).string();
+        Status st = RunNode(o);
+        if (!st.ok()) std::fprintf(stderr, "node %s: %s\n", n.role.c_str(), st.message().c_str());
+      });
+    }
+    return "";
+  }
+  ~InProcessRing() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    rendezvous_.reset();
+    if (!home_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(home_, ec);
+      home_.clear();
+    }
+  }
+
+  // A head's options for this room: split over every node.
+  SessionOptions HeadOptions(const std::string& name) const {
+    SessionOptions so;
+    so.rendezvous = rendezvous_->address();
+    so.admission = rendezvous_->LocalAdmission(/*trusted=*/false);
+    so.name = name;
+    so.stages = static_cast<int>(threads_.size()) + 1;
+    so.wait_s = 20;
+    return so;
+  }
+  net::Rendezvous& rendezvous() { return *rendezvous_; }
+
+ private:
+  std::filesystem::path home_;
+  std::unique_ptr<net::Rendezvous> rendezvous_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace daisy::test_ring
