@@ -704,5 +704,89 @@ TEST(ServeQueue, ARequestWaitsBehindTheRingHolderAndLeavesTheQueueWhenItsClientG
   fs::remove_all(tmp, ec);
 }
 
+// serve --audit with a node rigged to corrupt some hops: the stage is caught, its tokens
+// are withdrawn (`event: retract`) and replayed, and what the UI ends up showing and what
+// the API answers is the single-device text.
+TEST(ServeAudit, ARiggedNodeIsCaughtAndTheAnswerIsTheSingleDeviceOne) {
+  char tmpl[] = "/tmp/daisy_serve_audit_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  const int port = e2e::FreePort();
+  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute", "--model",
+                            Stories(), "--stages", "2", "--audit", "0.1", "--audit-seed", "5"},
+                           {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
+  Proc node = Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "rigged"},
+                          {"DAISY_HOME=" + (tmp / "node").string(), "DAISY_TEST_FLIP_EVERY=7"}, (tmp / "node.log").string());
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(120, 0);
+  bool ready = false;
+  for (int i = 0; i < 600 && !ready; ++i) {
+    auto s = cli.Get("/api/state");
+    if (s && s->status == 200) {
+      Json state = Json::parse(s->body, nullptr, false);
+      if (state.is_object() && state["model"].is_object())
+        for (const auto& d : state["devices"]) ready = ready || (d["name"] == "rigged" && d["status"] == "approved");
+    }
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(ready) << e2e::ReadAll((tmp / "serve.log").string());
+  const std::string prompt = "Once upon a time";
+  auto gen = e2e::RunCli("DAISY_HOME=" + (tmp / "gen").string(),
+                         "generate --model " + Stories() + " --prompt '" + prompt + "' -n 60 --json", tmp.string());
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  const Json want = Json::parse(gen.out);
+  const std::string want_text = want["text"].get<std::string>().substr(prompt.size());
+
+  // The UI's stream: tokens, perhaps a retract, tokens again; what stands is the single-device text.
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/api/generate";
+  req.body = Json{{"prompt", prompt}, {"max_tokens", 60}, {"verify", true}}.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string stream;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    stream.append(data, n);
+    return true;
+  };
+  auto r = cli.send(req);
+  ASSERT_TRUE(r);
+  std::string shown;
+  Json done;
+  int retracts = 0;
+  for (size_t at = 0; at < stream.size();) {
+    const size_t end = stream.find("\n\n", at);
+    if (end == std::string::npos) break;
+    const std::string block = stream.substr(at, end - at);
+    at = end + 2;
+    const size_t ev = block.find("event: "), data = block.find("data: ");
+    if (ev == std::string::npos || data == std::string::npos) continue;
+    const std::string name = block.substr(ev + 7, block.find('\n', ev) - ev - 7);
+    const Json d = Json::parse(block.substr(data + 6), nullptr, false);
+    if (name == "token") shown += d["text"].get<std::string>();
+    if (name == "retract") {
+      ++retracts;
+      shown = d["text"].get<std::string>();
+    }
+    if (name == "done") done = d;
+  }
+  ASSERT_TRUE(done.is_object()) << stream;
+  EXPECT_GE(done["replays"].get<int>(), 1) << "the rigged node was not caught: " << done.dump();
+  EXPECT_EQ(done["ids"], want["ids"]);
+  EXPECT_EQ(done["verified"], true);
+  EXPECT_GE(retracts, 1) << "with this seed the audit catches the stage after some of its tokens were shown";
+  EXPECT_EQ(shown, want_text) << retracts << " retract event(s)";
+  std::printf("audit in serve: %d retract event(s), replays %d\n", retracts, done["replays"].get<int>());
+
+  // The API's answer is the single-device text too.
+  auto c = cli.Post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 60}, {"temperature", 0}}.dump(), "application/json");
+  ASSERT_TRUE(c);
+  ASSERT_EQ(c->status, 200) << c->body;
+  EXPECT_EQ(Json::parse(c->body)["choices"][0]["text"], want_text);
+  ::kill(serve.pid(), SIGINT);
+  EXPECT_EQ(serve.Wait(15), 0);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+}
+
 }  // namespace
 }  // namespace daisy

@@ -626,6 +626,16 @@
             setGenState(tokens + (tokens === 1 ? ' token' : ' tokens') + ' · ' + secs.toFixed(1) + ' s', 'streaming');
           }
           break;
+        case 'retract':
+          // An audit caught a stage: the tokens after `kept` were withdrawn and the replay
+          // streams them again. The server sends the text that stands.
+          if (d && typeof d.text === 'string') {
+            out.textContent = d.text;
+            tokens = Number(d.kept) || 0;
+            out.dataset.tokens = String(tokens);
+            logStatus('audit: ' + (d.kept || 0) + ' token(s) stand; the rest is replayed', 'error');
+          }
+          break;
         case 'done':
           finished = true;
           if (d) renderDone(d);

@@ -456,6 +456,8 @@ struct Server::Impl {
     std::function<void(int32_t id, const std::string& text)> on_text;
     std::function<void(const std::string& line)> on_status;
     std::function<void(const StageProgress&)> on_progress;
+    // An audit withdrew tokens: only the first `kept` stand, and `text` is all shown now.
+    std::function<void(size_t kept, const std::string& text)> on_retract;
     std::function<bool()> alive;  // false once the client is gone
   };
   struct TurnOutcome {
@@ -512,12 +514,32 @@ struct Server::Impl {
     // Per-turn state shared by the callbacks (they may run on the session's threads).
     struct State {
       std::mutex mu;
-      TextStream stream;
-      srv::StopMatcher matcher;
+      const Tokenizer& tokenizer;
+      std::vector<int32_t> prompt;
+      std::vector<std::string> stops;
+      std::optional<TextStream> stream_box;
+      std::optional<srv::StopMatcher> matcher_box;
+      std::vector<int32_t> ids;  // the tokens shown so far
       int tokens = 0;
       std::atomic<bool> stop{false};
-      State(const Tokenizer& t, std::vector<int32_t> ctx, std::vector<std::string> stops)
-          : stream(t, std::move(ctx)), matcher(std::move(stops)) {}
+      TextStream& stream() { return *stream_box; }
+      srv::StopMatcher& matcher() { return *matcher_box; }
+      State(const Tokenizer& t, std::vector<int32_t> ctx, std::vector<std::string> s)
+          : tokenizer(t), prompt(std::move(ctx)), stops(std::move(s)) {
+        Restart();
+      }
+      void Restart() {
+        stream_box.emplace(tokenizer, prompt);
+        matcher_box.emplace(stops);
+      }
+      // An audit withdrew the tokens after the first `kept`: the text is rebuilt from those.
+      std::string Retract(size_t kept) {
+        ids.resize(std::min(ids.size(), kept));
+        Restart();
+        for (int32_t id : ids) matcher().Add(stream().Add(id));
+        tokens = static_cast<int>(ids.size());
+        return matcher().text();
+      }
     };
     auto st = std::make_shared<State>(*spec.tokenizer, spec.prompt_ids, spec.stops);
     TurnRequest req;
@@ -544,12 +566,22 @@ struct Server::Impl {
       std::string shown;
       {
         std::lock_guard<std::mutex> lock(st->mu);
-        if (st->matcher.stopped()) return;
+        if (st->matcher().stopped()) return;
         ++st->tokens;
-        shown = st->matcher.Add(st->stream.Add(id));
-        if (st->matcher.stopped()) st->stop.store(true);
+        st->ids.push_back(id);
+        shown = st->matcher().Add(st->stream().Add(id));
+        if (st->matcher().stopped()) st->stop.store(true);
       }
       if (on_text) on_text(id, shown);
+    };
+    auto on_retract = hooks.on_retract;
+    req.on_retract = [st, on_retract](size_t kept) {
+      std::string text;
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        text = st->Retract(kept);
+      }
+      if (on_retract) on_retract(kept, text);
     };
     auto on_status = hooks.on_status;
     req.on_status = [this, on_status](std::string_view line) {
@@ -568,13 +600,13 @@ struct Server::Impl {
     }
     out.report = std::move(*report);
     std::lock_guard<std::mutex> lock(st->mu);
-    if (!st->matcher.stopped()) {
-      std::string tail = st->matcher.Add(st->stream.Finish());
-      tail += st->matcher.Finish();
+    if (!st->matcher().stopped()) {
+      std::string tail = st->matcher().Add(st->stream().Finish());
+      tail += st->matcher().Finish();
       if (!tail.empty() && hooks.on_text) hooks.on_text(-1, tail);
     }
-    out.text = st->matcher.text();
-    out.finish_reason = st->matcher.stopped() ? "stop" : out.report.finish_reason;
+    out.text = st->matcher().text();
+    out.finish_reason = st->matcher().stopped() ? "stop" : out.report.finish_reason;
     out.completion_tokens = st->tokens;
     return out;
   }
@@ -791,6 +823,9 @@ struct Server::Impl {
           box->Push(srv::SseEvent("token", Json{{"id", id}, {"text", text}}));
         };
         hooks.on_status = [box](const std::string& line) { box->Push(srv::SseEvent("status", Json{{"line", line}})); };
+        hooks.on_retract = [box](size_t kept, const std::string& text) {
+          box->Push(srv::SseEvent("retract", Json{{"kept", kept}, {"text", text}}));
+        };
         hooks.on_progress = [box](const StageProgress& p) { box->Push(srv::SseEvent("progress", ProgressJson(p))); };
         TurnOutcome o = RunTurn(spec, hooks);
         if (o.cancelled) return;
