@@ -13,6 +13,14 @@ Result<std::unique_ptr<ModelSource>> OpenSourceForCli(const std::string& src, bo
   return OpenModelSource(src, options);
 }
 
+void AddAuditFlags(CLI::App* sub, SessionOptions& session) {
+  sub->add_option("--audit", session.audit_rate,
+                  "Re-run this share of hops (0..1, drawn after each lap) on this device from the stage's own inputs and "
+                  "compare the bits; a stage caught is excluded and the turn replayed (docs/AUDIT.md)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--audit-seed", session.audit_seed, "Seed of the audit draw (default: random)");
+}
+
 void AddGenFlags(CLI::App* sub, GenFlags& f) {
   sub->add_option("-n,--max-tokens", f.max_tokens, "Tokens to generate at most (default 60)")->check(CLI::Range(0, 1 << 20));
   sub->add_option("--temperature", f.temperature, "Sampling temperature; 0 = greedy (default 0)");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "daisy/generator.h"
+#include "daisy/head.h"
 
 #include "daisy/source.h"
 #include "daisy/status.h"
@@ -32,5 +33,8 @@ struct GenFlags {
 };
 void AddGenFlags(CLI::App* sub, GenFlags& flags);
 GenerateOptions ToGenerateOptions(const GenFlags& flags);
+
+// --audit RATE and --audit-seed N (run and serve), into the session's options.
+void AddAuditFlags(CLI::App* sub, SessionOptions& session);
 
 }  // namespace daisy::cli

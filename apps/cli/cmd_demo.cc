@@ -98,15 +98,15 @@ int RunDemo(const DemoFlags& f) {
   ::setenv("DAISY_HOME", (tmp / "head").c_str(), 1);
 
   HeadOptions o;
-  o.rendezvous = "tcp://" + join;
-  o.admission = (*rv)->LocalAdmission(/*trusted=*/true);
-  o.name = "head";
+  o.session.rendezvous = "tcp://" + join;
+  o.session.admission = (*rv)->LocalAdmission(/*trusted=*/true);
+  o.session.name = "head";
   o.model = model;
-  o.hub.cache_dir = (tmp / "head/cache").string();
+  o.session.hub.cache_dir = (tmp / "head/cache").string();
   o.prompt = f.prompt;
   o.generate = ToGenerateOptions(f.gen);
   o.ctx = f.gen.ctx;
-  o.stages = f.nodes + 1;
+  o.session.stages = f.nodes + 1;
   o.verify = true;
   bool story_started = false;
   o.on_status = [&](std::string_view line) {

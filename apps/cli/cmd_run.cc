@@ -26,8 +26,7 @@ struct RunFlags {
   int stages = 0;
   std::string plan;
   bool verify = false;
-  double audit = 0;
-  uint64_t audit_seed = 0;
+  SessionOptions session;  // --audit, --audit-seed
   bool json = false;
   bool no_cache = false;
   std::string server_key;
@@ -56,28 +55,28 @@ int RunRun(const RunFlags& f) {
   auto addr = net::JoinAddress(f.join);
   if (!addr.ok()) return ReportError(addr.status().message(), 2);
   HeadOptions o;
-  o.rendezvous = *addr;
-  o.server_key = f.server_key;
-  o.lap_timeout_s = f.lap_timeout;
-  o.room = f.room;
-  o.name = f.name;
-  o.bind_host = f.host;
+  SessionOptions& so = o.session;
+  so = f.session;
+  so.rendezvous = *addr;
+  so.server_key = f.server_key;
+  so.lap_timeout_s = f.lap_timeout;
+  so.room = f.room;
+  so.name = f.name;
+  so.bind_host = f.host;
+  so.hub.use_cache = !f.no_cache;
+  so.hub.cache_dir = DeviceCacheDir();
+  so.hub.progress = TerminalProgressBar("layers");
   o.model = f.model;
-  o.hub.use_cache = !f.no_cache;
-  o.hub.cache_dir = DeviceCacheDir();
-  o.hub.progress = TerminalProgressBar("layers");
   o.prompt = f.prompt;
   o.generate = ToGenerateOptions(f.gen);
   o.ctx = f.gen.ctx;
-  if (f.stages > 0) o.stages = f.stages;
+  if (f.stages > 0) so.stages = f.stages;
   if (!f.plan.empty()) {
     auto plan = ParsePlan(f.plan);
     if (!plan.ok()) return ReportError(plan.status().message(), 2);
-    o.plan = *plan;
+    so.plan = *plan;
   }
   o.verify = f.verify;
-  o.audit_rate = f.audit;
-  o.audit_seed = f.audit_seed;
   o.on_status = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); };
   if (!f.json) {
     std::printf("%s", f.prompt.c_str());
@@ -113,11 +112,7 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
       ->check(CLI::Range(1, 256));
   sub->add_option("--plan", f->plan, "Layers per stage, this device first, e.g. 2,2,1");
   sub->add_flag("--verify", f->verify, "Afterwards run the whole model here and compare the token ids");
-  sub->add_option("--audit", f->audit,
-                  "Re-run this share of hops (0..1, drawn after each lap) here from the stage's own inputs and compare the bits; "
-                  "a stage caught is excluded and the turn replayed")
-      ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--audit-seed", f->audit_seed, "Seed of the audit draw (default: random)");
+  AddAuditFlags(sub, f->session);
   sub->add_flag("--json", f->json, "Print one JSON object at the end instead of streaming text");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
   return [f] { return RunRun(*f); };

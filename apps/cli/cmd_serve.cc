@@ -35,8 +35,7 @@ struct ServeFlags {
   bool no_compute = false;
   bool no_cache = false;
   int stages = 0;
-  double audit = 0;
-  uint64_t audit_seed = 0;
+  SessionOptions session;  // --audit, --audit-seed
 };
 
 int PortOf(const std::string& tcp_address) {
@@ -79,8 +78,8 @@ int RunServe(const ServeFlags& f) {
   so.bind_host = f.host;
   so.hub = hub;
   so.admission = own;
-  so.audit_rate = f.audit;
-  so.audit_seed = f.audit_seed;
+  so.audit_rate = f.session.audit_rate;
+  so.audit_seed = f.session.audit_seed;
   std::string compute_id;
   if (!f.no_compute) {
     // The compute device of this process is the head's own machine: the head holds layers
@@ -224,10 +223,7 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
                   "prints it)");
   sub->add_option("--stages", f->stages, "Split turns over exactly N devices (head included) unless a request says otherwise; 0: automatic")
       ->check(CLI::Range(0, 64));
-  sub->add_option("--audit", f->audit,
-                  "Re-run this share of hops (0..1, drawn after each lap) on this device and compare the bits (docs/AUDIT.md)")
-      ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--audit-seed", f->audit_seed, "Seed of the audit draw (default: random)");
+  AddAuditFlags(sub, f->session);
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
   return [f] { return RunServe(*f); };

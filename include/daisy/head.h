@@ -26,28 +26,6 @@
 
 namespace daisy {
 
-struct HeadOptions {
-  std::string rendezvous;               // "tcp://HOST:PORT"
-  std::string server_key;               // --server-key FPR ("": trust on first use)
-  std::optional<net::Admission> admission;  // in-process admission (demo)
-  std::string room = "default";
-  std::string name;
-  std::string bind_host = "127.0.0.1";
-  std::string model;                    // SRC
-  HubOptions hub;
-  std::string prompt;
-  GenerateOptions generate;             // stop ids are added from the model's config
-  int ctx = 0;                          // 0: DefaultContext(spec)
-  std::optional<int> stages;            // split over exactly N devices (incl. the head)
-  std::optional<std::vector<int>> plan; // layers per stage, head first
-  bool verify = false;
-  double audit_rate = 0;                // --audit RATE
-  uint64_t audit_seed = 0;
-  double wait_s = 30;                   // how long --stages waits for devices
-  double lap_timeout_s = 60;            // a lap that takes longer has stalled
-  std::function<void(std::string_view)> on_text;    // streamed text as tokens arrive
-  std::function<void(std::string_view)> on_status;  // plan, progress, re-plans (lines)
-};
 
 struct HeadStageReport {
   std::string device_id;
@@ -89,8 +67,6 @@ struct HeadReport {
   std::string verify_message;   // the VERIFIED line or the first mismatch
 };
 
-Result<HeadReport> RunHead(const HeadOptions& options);
-
 struct SessionOptions {
   std::string rendezvous;               // "tcp://HOST:PORT"
   // How the host admits this head's key (see JoinOptions in node.h): --server-key FPR
@@ -114,6 +90,20 @@ struct SessionOptions {
   double audit_rate = 0;
   uint64_t audit_seed = 0;              // the draw's seed (0: from std::random_device)
 };
+
+// The one-shot head of `run` and `demo`: a session for one turn.
+struct HeadOptions {
+  SessionOptions session;               // room, identity, hub, split, audit, timeouts
+  std::string model;                    // SRC
+  std::string prompt;
+  GenerateOptions generate;             // stop ids are added from the model's config
+  int ctx = 0;                          // 0: DefaultContext(spec)
+  bool verify = false;
+  std::function<void(std::string_view)> on_text;    // streamed text as tokens arrive
+  std::function<void(std::string_view)> on_status;  // plan, progress, re-plans (lines)
+};
+
+Result<HeadReport> RunHead(const HeadOptions& options);
 
 // What Load read: config, tokenizer and headers only.
 struct ModelView {

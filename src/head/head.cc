@@ -1046,25 +1046,11 @@ void HeadSession::ClearCache() {
 
 
 Result<HeadReport> RunHead(const HeadOptions& options) {
-  SessionOptions so;
-  so.rendezvous = options.rendezvous;
-  so.server_key = options.server_key;
-  so.admission = options.admission;
-  so.room = options.room;
-  so.name = options.name;
-  so.bind_host = options.bind_host;
-  so.hub = options.hub;
-  so.lap_timeout_s = options.lap_timeout_s;
-  so.stages = options.stages;
-  so.plan = options.plan;
-  so.wait_s = options.wait_s;
+  SessionOptions so = options.session;
   so.cache_slots = 1;
-  so.audit_rate = options.audit_rate;
-  so.audit_seed = options.audit_seed;
   so.join_at_start = false;  // the model first: a bad SRC is refused before the room is joined
   DAISY_ASSIGN_OR_RETURN(std::unique_ptr<HeadSession> session, HeadSession::Start(so));
-  DAISY_ASSIGN_OR_RETURN(ModelView view, session->Load(options.model, options.ctx));
-  (void)view;
+  DAISY_RETURN_IF_ERROR(session->Load(options.model, options.ctx).status());
   TurnRequest r;
   DAISY_ASSIGN_OR_RETURN(r.prompt_ids, session->tokenizer()->Encode(options.prompt, true));
   r.generate = options.generate;
