@@ -50,7 +50,7 @@ class RingTest : public ::testing::Test {
   void TearDown() override {
     procs_.clear();
     serve_ = Proc();
-    if (!HasFailure()) {
+    if (!HasFailure() && !std::getenv("DAISY_KEEP_LOGS")) {
       std::error_code ec;
       fs::remove_all(tmp_, ec);
     } else {
@@ -72,8 +72,9 @@ class RingTest : public ::testing::Test {
   }
   // Waits until the rendezvous has admitted `n` of the nodes StartNodes started (serve logs
   // each join as "device NAME (id) joined room"; serve's own head joins too, and is not counted).
-  void WaitForJoined(int n) {
-    for (int i = 0; i < 200; ++i) {
+  void WaitForJoined(int n, double timeout_s = 10) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < deadline) {
       const std::string log = e2e::ReadAll((tmp_ / "serve.log").string());
       int joined = 0;
       for (size_t at = log.find("device node-"); at != std::string::npos; at = log.find("device node-", at + 1)) {
@@ -383,6 +384,139 @@ TEST_F(RingTest, AFrameTamperedWithInFlightBreaksTheLinkAndTheTurnIsReplayedWith
   // encryption the node would have refused a damaged hop itself).
   const std::string node_log = e2e::ReadAll((tmp_ / "node-tampered.log").string());
   EXPECT_EQ(node_log.find("refused"), std::string::npos) << node_log;
+}
+
+// ---- liveness: busy is not dead, every wait ends, members come back (issue: the steady ring) ----
+
+// Open file descriptors of a process (sockets, eventfds, files).
+int OpenFds(pid_t pid) {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++n;
+  return n;
+}
+
+// The soak: a half-billion-parameter model (the Qwen2.5-0.5B shape, random BF16 weights,
+// about 1 GB) over the head and two nodes, several fresh heads in a row, each planning,
+// assigning and loading its slice (a new head loads its own slice every time, while the
+// nodes keep theirs), the last one verified. Loading takes seconds on every device, longer
+// than the 4 s after which a silent member is dropped: nobody may be dropped for it. A node
+// also closes its links to each head that left (no descriptor grows per head).
+TEST_F(RingTest, AHalfBillionParameterModelServesSeveralFreshHeadsInARow) {
+  const fs::path qwen = tmp_ / "qwen";
+  modelmaker::MakeOptions mo;
+  mo.tokenizer_dir = Stories();
+  mo.seed = 11;
+  ASSERT_TRUE(modelmaker::MakeModel(modelmaker::PresetShape("qwen2.5-0.5b"), qwen.string(), mo).ok());
+  StartServe(/*compute=*/false);
+  StartNodes(2);
+  WaitForJoined(2);
+  int fds_after_first = 0;
+  for (int turn = 0; turn < 3; ++turn) {
+    const bool verify = turn == 2;
+    std::vector<std::string> args = {"--model", qwen.string(), "--prompt", "Once upon a time", "-n", "6", "--stages", "3"};
+    if (verify) args.push_back("--verify");
+    auto [rc, j] = Run(args, 240);
+    ASSERT_EQ(rc, 0) << "turn " << turn << ": " << last_run_log_;
+    ASSERT_TRUE(j.is_object()) << last_run_log_;
+    EXPECT_EQ(j["plan"].size(), 3u) << last_run_log_;
+    EXPECT_EQ(j["replays"], 0) << "turn " << turn << " needed a replay: " << last_run_log_;
+    EXPECT_EQ(j["ids"].size(), 6u);
+    if (verify) EXPECT_TRUE(j["verified"].get<bool>()) << last_run_log_;
+    // The head that just left is dropped from every node's links once the room says so.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    if (turn == 0) fds_after_first = OpenFds(procs_[0].pid());
+  }
+  EXPECT_LE(OpenFds(procs_[0].pid()), fds_after_first + 2) << "a node keeps links to heads that left";
+  const std::string serve_log = e2e::ReadAll((tmp_ / "serve.log").string());
+  EXPECT_EQ(serve_log.find("lost device"), std::string::npos) << "a busy member was taken for dead: " << serve_log;
+}
+
+// A Hub that takes 6 s before the first byte of every weight range: each stage's load takes
+// longer than the 4 s after which a silent member used to be dropped, and nothing reports
+// progress meanwhile. The heartbeats come from their own thread, so the turn completes
+// without a replay and nobody is dropped.
+TEST_F(RingTest, AStageWhoseLayersLoadSlowlyIsWaitedForAndTheTurnCompletes) {
+  fs::create_directories(tmp_ / "repos/acme");
+  fs::copy(Stories(), tmp_ / "repos/acme/stories", fs::copy_options::recursive);
+  auto hub = testing::TestHub::Start((tmp_ / "repos").string());
+  ASSERT_TRUE(hub.ok());
+  (*hub)->SetFirstByteDelay(6000, /*min_length=*/64 * 1024);  // weight ranges only, not headers
+  extra_env_ = {"HF_ENDPOINT=" + (*hub)->endpoint()};
+  StartServe(/*compute=*/false);
+  StartNodes(2);
+  WaitForJoined(2);
+  auto [rc, j] = Run({"--model", "acme/stories", "--prompt", "Once upon a time", "-n", "20", "--stages", "3", "--no-cache"}, 180);
+  ASSERT_EQ(rc, 0) << last_run_log_;
+  EXPECT_EQ(j["replays"], 0) << last_run_log_;
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), GenerateIds(Stories(), "Once upon a time", 20));
+  const std::string serve_log = e2e::ReadAll((tmp_ / "serve.log").string());
+  EXPECT_EQ(serve_log.find("lost device"), std::string::npos) << serve_log;
+}
+
+// SIGSTOP a stage mid-turn: its heartbeats stop, the rendezvous drops it after 4 s, the
+// head gives up on it at once, waits for the room to settle (5 s), re-plans with the spare
+// and replays. SIGCONT later: the stopped node comes back into the room, its stale hop is
+// refused by everyone, and a verified turn over all the nodes gives the single-device ids.
+TEST_F(RingTest, AStoppedStageIsGivenUpAndDoesNoHarmWhenItResumes) {
+  StartServe(/*compute=*/false);
+  StartNodes(3, {"DAISY_TEST_HOP_DELAY_MS=30"});
+  WaitForJoined(3);
+  const std::string tiny = (models_ / "tiny30").string();
+  const auto want = GenerateIds(tiny, "Once upon a time", 80);
+  auto ids = NodeIdsSorted(tmp_, 3);
+  auto sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  const int victim = NodeIndexOf(ids, sorted[0]);
+  std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
+                                   "--prompt", "Once upon a time", "-n", "80", "--stages", "3"};
+  const auto start = std::chrono::steady_clock::now();
+  Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-stop.log").string());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  ::kill(procs_[static_cast<size_t>(victim)].pid(), SIGSTOP);
+  const int rc = run.Wait(60);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string log = e2e::ReadAll((tmp_ / "run-stop.log").string());
+  ::kill(procs_[static_cast<size_t>(victim)].pid(), SIGCONT);
+  ASSERT_EQ(rc, 0) << log;
+  auto j = nlohmann::json::parse(log.substr(log.rfind("\n{") + 1));
+  EXPECT_EQ(j["replays"], 1) << log;
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
+  EXPECT_EQ(j["plan"].size(), 3u);
+  EXPECT_NE(log.find("left the ring"), std::string::npos) << log;
+  EXPECT_LT(took, 45.0) << "giving up on a stopped stage took too long: " << log;
+  // Back from SIGCONT: it rejoins the room and serves a verified turn with the others.
+  for (int i = 0; i < 200; ++i) {
+    const std::string s = e2e::ReadAll((tmp_ / "serve.log").string());
+    const size_t lost = s.rfind("lost device");
+    if (lost != std::string::npos && s.find("joined room", lost) != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  auto [rc2, j2] = Run({"--model", tiny, "--prompt", "Once upon a time", "-n", "40", "--stages", "4", "--verify"});
+  ASSERT_EQ(rc2, 0) << last_run_log_;
+  EXPECT_EQ(j2["plan"].size(), 4u) << last_run_log_;
+  EXPECT_TRUE(j2["verified"].get<bool>()) << last_run_log_;
+  EXPECT_EQ(j2["ids"].get<std::vector<int>>(), std::vector<int>(want.begin(), want.begin() + 40));
+}
+
+// Kill serve and start it again on the same port with the same DAISY_HOME (the same server
+// key): the nodes notice that their heartbeats no longer get through, ask to be admitted
+// again (trusting the key they remember) and rejoin; a head's run over them succeeds.
+TEST_F(RingTest, NodesRejoinARestartedServeAndTheNextRunSucceeds) {
+  StartServe(/*compute=*/false);
+  StartNodes(2);
+  WaitForJoined(2);
+  serve_.Stop(SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  StartServe(/*compute=*/false);  // the log starts afresh
+  WaitForJoined(2, 40);
+  const std::string tiny = (models_ / "tiny30").string();
+  auto [rc, j] = Run({"--model", tiny, "--prompt", "Once upon a time", "-n", "20", "--stages", "3"});
+  ASSERT_EQ(rc, 0) << last_run_log_;
+  EXPECT_EQ(j["plan"].size(), 3u);
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), GenerateIds(tiny, "Once upon a time", 20));
+  const std::string node_log = e2e::ReadAll((tmp_ / "node-1.log").string());
+  EXPECT_NE(node_log.find("lost the rendezvous"), std::string::npos) << node_log;
 }
 
 // `daisychain id`: the key pair is made on first use with mode 0600 and kept; the same

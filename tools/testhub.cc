@@ -3,7 +3,7 @@
 // until SIGINT or SIGTERM.
 //
 //   testhub --root DIR [--port N] [--gate owner/name]... [--token T] [--redirect-above BYTES]
-//           [--ignore-ranges]
+//           [--ignore-ranges] [--bandwidth BYTES_PER_S] [--first-byte-delay MS]
 #include <pthread.h>
 #include <signal.h>
 
@@ -19,7 +19,7 @@ namespace {
 int Usage(const char* why) {
   std::fprintf(stderr,
                "testhub: %s\nusage: testhub --root DIR [--port N] [--gate owner/name]... [--token T] "
-               "[--redirect-above BYTES] [--ignore-ranges]\n",
+               "[--redirect-above BYTES] [--ignore-ranges] [--bandwidth BYTES_PER_S] [--first-byte-delay MS]\n",
                why);
   return 2;
 }
@@ -34,7 +34,7 @@ bool ParseNumber(const std::string& s, unsigned long long* out) {
 
 int main(int argc, char** argv) {
   std::string root, token;
-  unsigned long long port = 0, redirect_above = 0;
+  unsigned long long port = 0, redirect_above = 0, bandwidth = 0, first_byte_delay = 0;
   bool redirect = false, ignore_ranges = false;
   std::vector<std::string> gated;
   for (int i = 1; i < argc; ++i) {
@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
       redirect = true;
     } else if (arg == "--ignore-ranges") {
       ignore_ranges = true;
+    } else if (arg == "--bandwidth") {
+      if (!value(&v) || !ParseNumber(v, &bandwidth)) return Usage("--bandwidth needs bytes per second");
+    } else if (arg == "--first-byte-delay") {
+      if (!value(&v) || !ParseNumber(v, &first_byte_delay) || first_byte_delay > 600000) return Usage("--first-byte-delay needs milliseconds");
     } else {
       return Usage(("unknown argument " + arg).c_str());
     }
@@ -85,6 +89,8 @@ int main(int argc, char** argv) {
   if (!token.empty()) (*hub)->SetToken(token);
   if (redirect) (*hub)->SetRedirectAbove(redirect_above);
   (*hub)->SetIgnoreRanges(ignore_ranges);
+  (*hub)->SetBandwidthLimit(bandwidth);
+  (*hub)->SetFirstByteDelay(static_cast<int>(first_byte_delay));
 
   std::printf("%d\n", (*hub)->port());
   std::fflush(stdout);

@@ -79,7 +79,12 @@ struct SessionOptions {
   std::string bind_host = "127.0.0.1";
   HubOptions hub;
   std::vector<std::string> exclude_devices;  // never planned (e.g. serve's own compute node)
-  double lap_timeout_s = 60;
+  // Timeouts (docs/ARCHITECTURE.md, "Timeouts"). A member is dead when its heartbeats stop
+  // (the rendezvous drops it after net::kDeadAfterSeconds), never for being slow.
+  double lap_timeout_s = 60;   // floor of the lap timeout, which scales with the plan's estimate
+  double load_stall_s = 120;   // a stage fetching its layers with no progress this long is given up
+  double busy_wait_s = 600;    // how long a turn waits for another head's turn to end
+  double settle_s = net::kDeadAfterSeconds + 1;  // before a replay re-plans: dead members drop out
   int cache_slots = 4;                  // conversations whose KV each stage keeps
   std::optional<int> stages;            // split over exactly N devices (incl. the head)
   std::optional<std::vector<int>> plan; // layers per stage, head first

@@ -64,6 +64,8 @@ class Endpoint {
   // with this device's key pair. The overload without keys makes a fresh pair (tests).
   static Result<std::unique_ptr<Endpoint>> Bind(const std::string& host, int port, const KeyPair& keys);
   static Result<std::unique_ptr<Endpoint>> Bind(const std::string& host, int port);
+  // Outboxes only, no inbox (Pulse's: it sends and never receives). address() is "".
+  static Result<std::unique_ptr<Endpoint>> SendOnly(const KeyPair& keys);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -98,6 +100,11 @@ class Endpoint {
   std::vector<std::string> TakeDropped();
   // Closes the outbox to a peer that left.
   void Forget(const std::string& address);
+  // Closes every outbox, and forgets every address, whose key is not in `public_keys`:
+  // links to members that left stop reconnecting.
+  void KeepOnly(const std::vector<std::string>& public_keys);
+  // Outboxes open now (tests: links to departed members are closed).
+  int outboxes() const;
 
  private:
   struct Impl;
@@ -109,11 +116,49 @@ class Endpoint {
 // rendezvous and the members of its room, and its outboxes know each member's key.
 void ApplyPeerList(Endpoint& endpoint, const std::string& rendezvous_key, const wire::Peers& peers);
 
+// Liveness that does not depend on being idle: a thread of its own sends this device's
+// heartbeat (and, every few beats, its join, so a member the rendezvous dropped comes back)
+// over a socket of its own. Loading, converting, a long prefill or a slow disk on the
+// device's other threads never delay it. Thread-safe.
+struct PulseOptions {
+  std::string rendezvous;  // "tcp://HOST:PORT"
+  std::string server_key;  // the rendezvous's public key
+  KeyPair keys;            // the device's key pair (the rendezvous knows the member by it)
+  std::string device_id;
+  std::vector<uint8_t> join_frame;  // an encoded wire::Join, resent every rejoin_s ("": none)
+  double interval_s = 1.0;
+  double rejoin_s = 5.0;
+};
+class Pulse {
+ public:
+  static Result<std::unique_ptr<Pulse>> Start(const PulseOptions& options);
+  ~Pulse();  // stops the thread and says bye (the device leaves the room)
+  Pulse(const Pulse&) = delete;
+  Pulse& operator=(const Pulse&) = delete;
+  // Seconds since a heartbeat was last handed to an authenticated connection to the
+  // rendezvous; 0 before the first attempt. Grows while the rendezvous is down, restarted
+  // (it no longer admits this key) or unreachable.
+  double SilentFor() const;
+  // Replaces the join frame (a new address or hello).
+  void SetJoinFrame(std::vector<uint8_t> join_frame);
+
+ private:
+  struct Impl;
+  explicit Pulse(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A rendezvous drops a member whose heartbeats stop for this long (RendezvousOptions).
+inline constexpr double kDeadAfterSeconds = 4.0;
+// A member whose heartbeats have not reached the rendezvous for this long takes it as lost
+// (stopped, restarted or unreachable) and asks to be admitted again.
+inline constexpr double kRendezvousLostSeconds = 6.0;
+
 struct RendezvousOptions {
   std::string host = "127.0.0.1";
   int port = 8788;
   bool auto_approve = false;  // every key that asks to join is approved (demos and tests)
-  double dead_after_s = 4.0;  // a member silent this long is dropped (heartbeats: 1/s)
+  double dead_after_s = kDeadAfterSeconds;  // a member silent this long is dropped (heartbeats: 1/s)
   KeyPair keys;               // the rendezvous's key pair; empty: a fresh one
   int max_pending = 64;       // join requests waiting for the host at once
   // New join requests (keys not seen before) per source address: a burst, then this rate.

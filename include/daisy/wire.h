@@ -161,8 +161,15 @@ struct Heartbeat {
   std::string device_id;
 };
 
-// ErrorMsg codes a receiver acts on; others are reported as they are.
-inline constexpr uint16_t kErrBusy = 5;  // serving another head's turn: ask again later
+// ErrorMsg codes. The head acts on busy, assignment and next-unreachable; the others are
+// reported as they are.
+inline constexpr uint16_t kErrProtocol = 1;         // the rendezvous: protocol version mismatch
+inline constexpr uint16_t kErrFrame = 2;            // a frame from the head or upstream did not decode
+inline constexpr uint16_t kErrAssignment = 3;       // the assignment was refused (the reason follows)
+inline constexpr uint16_t kErrHop = 4;              // a hop was refused or failed on this stage
+inline constexpr uint16_t kErrBusy = 5;             // serving another head's turn: ask again later
+inline constexpr uint16_t kErrAudit = 6;            // an audit request could not be answered
+inline constexpr uint16_t kErrNextUnreachable = 7;  // the hop ran, but the next stage could not be reached
 
 struct ErrorMsg {
   uint16_t code = 0;

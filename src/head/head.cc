@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <random>
@@ -31,18 +32,12 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // The head's view of the room, kept current while it waits.
 class Room {
  public:
-  Room(net::Endpoint& ep, std::string rendezvous, std::string id) : ep_(ep), rendezvous_(std::move(rendezvous)), id_(std::move(id)) {}
+  explicit Room(net::Endpoint& ep) : ep_(ep) {}
 
-  void Beat() {
-    if (Since(last_beat_) < 1.0) return;
-    (void)ep_.Send(rendezvous_, wire::Message(wire::Heartbeat{0, id_}), 300);
-    last_beat_ = Clock::now();
-  }
   // Keeps the member list; other frames are returned to the caller. Peer lists come only
   // from the rendezvous, everything else only from the stages of the turn in progress:
   // frames from any other member are dropped unread (and never end a turn).
   std::optional<wire::Message> Poll(int timeout_ms, int hidden) {
-    Beat();
     auto f = ep_.ReceiveFrame(timeout_ms);
     if (!f.ok() || !f->has_value()) return std::nullopt;
     last_sender_ = (*f)->sender_key;
@@ -108,10 +103,7 @@ class Room {
 
  private:
   net::Endpoint& ep_;
-  std::string rendezvous_;
   std::string server_key_;
-  std::string id_;
-  Clock::time_point last_beat_ = Clock::now() - std::chrono::seconds(5);
   mutable std::mutex mu_;
   std::vector<wire::Peer> peers_;
   bool seen_peers_ = false;
@@ -207,7 +199,15 @@ class NetLink final : public StageLink {
         }
       if (std::string r = room_.TakeRefusal(); !r.empty()) return Unavailable("a returning activation was refused: " + r);
       if (!m) continue;
-      if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) return Unavailable("a stage failed: " + e->message);
+      if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) {
+        // Blame the right device: a stage that could not reach the next one names the next.
+        for (size_t i = 1; i < stages_.size(); ++i)
+          if (sender_ == room_.KeyOf(stages_[i].device_id)) {
+            const size_t culprit = e->code == wire::kErrNextUnreachable ? i + 1 : i;
+            if (culprit < stages_.size()) failed_device_ = stages_[culprit].device_id;
+          }
+        return Unavailable("a stage failed: " + e->message);
+      }
       auto* back = std::get_if<wire::Activation>(&*m);
       if (!back || back->seq != seq_ || back->next != wire::kNextReturn) continue;  // stale or not ours
       if (back->token_index != want) continue;
@@ -344,7 +344,7 @@ class NetLink final : public StageLink {
     auto key = std::make_pair(st.first, st.end);
     auto& w = (*audit_.weights)[key];
     if (!w) {
-      DAISY_ASSIGN_OR_RETURN(StageWeights loaded, StageWeights::Load(*audit_.source, *audit_.info, st.first, st.end, false, [&](const TransferProgress&) { room_.Beat(); }));
+      DAISY_ASSIGN_OR_RETURN(StageWeights loaded, StageWeights::Load(*audit_.source, *audit_.info, st.first, st.end, false, {}));
       w = std::make_unique<StageWeights>(std::move(loaded));
     }
     if (!sh.kv) sh.kv = std::make_unique<KvCache>(audit_.info->spec, st.first, st.end, audit_.ctx);
@@ -357,7 +357,7 @@ class NetLink final : public StageLink {
       if (!m) continue;
       if (auto* ad = std::get_if<wire::AuditData>(&*m); ad && ad->seq == seq_ && ad->stage == s && ad->from == sh.len && FromStage(s)) {
         data = std::move(*ad);
-      } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m); e && e->code == 6) {
+      } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m); e && e->code == wire::kErrAudit) {
         return Blame(s, sh.len, "did not answer the audit: " + e->message);
       } else if (auto* d = std::get_if<wire::HopDigest>(&*m)) {
         if (d->seq == seq_ && FromStage(d->stage)) digests_[{d->stage, d->token_index}] = *d;
@@ -443,6 +443,7 @@ struct HeadSession::Impl {
   std::string id;
   std::unique_ptr<net::Endpoint> ep;
   std::unique_ptr<Room> room;
+  std::unique_ptr<net::Pulse> pulse;  // heartbeats and re-joins, from a thread of their own
   wire::Hello hello;
 
   // One turn at a time owns the endpoint; the idle thread keeps the room between turns.
@@ -475,22 +476,17 @@ struct HeadSession::Impl {
   ~Impl() {
     stopping = true;
     if (idle.joinable()) idle.join();
+    pulse.reset();  // no join after the bye
     if (ep) (void)ep->Send(o.rendezvous, wire::Message(wire::Bye{id}), 300);  // leave the room now
   }
 
   void IdleLoop() {
-    auto last_join = Clock::now() - std::chrono::seconds(10);
     while (!stopping.load()) {
       if (waiting.load() > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         continue;
       }
       std::unique_lock<std::mutex> lock(turn_mu);
-      // A head the rendezvous dropped (e.g. a long stall) joins again.
-      if (room->seen_peers() && !room->Has(id) && Since(last_join) > 2.0) {
-        (void)ep->Send(o.rendezvous, wire::Message(wire::Join{o.room, ep->address(), hello}), 300);
-        last_join = Clock::now();
-      }
       (void)room->Poll(50, 0);  // stale replies of a finished turn are dropped here
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -521,15 +517,24 @@ struct HeadSession::Impl {
     ep->SetPeerKey(o.rendezvous, server_key);
     ep->Allow(server_key);
     room->set_server_key(server_key);
+    // Heartbeats from a thread of their own: loading the head's slice, a long prefill or a
+    // verify run never gets the head dropped from the room.
+    net::PulseOptions po;
+    po.rendezvous = o.rendezvous;
+    po.server_key = server_key;
+    po.keys = keys;
+    po.device_id = id;
+    po.join_frame = wire::Encode(wire::Message(wire::Join{o.room, ep->address(), hello}));
+    DAISY_ASSIGN_OR_RETURN(pulse, net::Pulse::Start(po));
     return Status::Ok();
   }
 
   Status JoinRoom() {
     DAISY_RETURN_IF_ERROR(Admit());
     const auto start = Clock::now();
-    auto last_join = start - std::chrono::seconds(5);
+    auto last_join = start;  // the pulse sent the first join
     while (Since(start) < 10) {
-      if (Since(last_join) > 1.0) {
+      if (Since(last_join) > 1.0) {  // sooner than the pulse's every 5 s, while joining
         (void)ep->Send(o.rendezvous, wire::Message(wire::Join{o.room, ep->address(), hello}), 500);
         last_join = Clock::now();
       }
@@ -582,6 +587,24 @@ struct HeadSession::Impl {
     PlanView view;
     std::vector<wire::StageEntry> stages;
   };
+
+  static std::string StageName(const Planned& p, size_t i) {
+    return p.view.stages[i].device_name + ", " + p.stages[i].device_id.substr(0, 8);
+  }
+  // The stage whose key sent the frame the room returned last; -1 for none.
+  int StageOfSender(const std::vector<wire::StageEntry>& stages) const {
+    for (size_t i = 1; i < stages.size(); ++i)
+      if (room->last_sender() == room->KeyOf(stages[i].device_id)) return static_cast<int>(i);
+    return -1;
+  }
+  // The lap timeout: kLapSlack times what the plan predicts for the most positions in flight
+  // at once (two prefill chunks of 16), never below the floor o.lap_timeout_s.
+  double LapTimeout(double est_seconds_per_token) const {
+    constexpr double kLapSlack = 20;
+    constexpr int kPositionsInFlight = 32;
+    const double predicted = std::isfinite(est_seconds_per_token) ? est_seconds_per_token * kPositionsInFlight : 0;
+    return std::max(o.lap_timeout_s, kLapSlack * predicted);
+  }
 
   // The plan over the devices in the room now; the head first.
   Result<Planned> PlanNow(int attempt, std::optional<int> stages_wanted) const {
@@ -712,6 +735,12 @@ struct HeadSession::Impl {
     std::string last_error;
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (attempt > 0) {
+        // A member that died is dropped by the rendezvous once its heartbeats have been
+        // silent for net::kDeadAfterSeconds: wait that long (reading the room, and dropping
+        // the failed attempt's late frames) so the new plan holds only members alive now.
+        say("waiting " + std::to_string(static_cast<int>(o.settle_s)) + " s for the room to drop members that died");
+        const auto settle = Clock::now();
+        while (Since(settle) < o.settle_s) (void)room->Poll(50, 0);
         say("re-planning around the devices still in the room and replaying the turn from the start");
         ++report.replays;
       }
@@ -774,9 +803,7 @@ struct HeadSession::Impl {
       for (size_t i = 1; i < stages.size(); ++i) ids.push_back(stages[i].device_id);
       room->SetStageDevices(ids);
     }
-    // Assign every other stage; each fetches its own layers itself. Links that broke
-    // before this turn are not this turn's fault.
-    (void)ep->TakeDropped();
+    // Assign every other stage; each fetches its own layers itself.
     ++turn;
     std::map<int, int32_t> ready;  // stage -> positions it kept
     auto assignment_for = [&](size_t i) {
@@ -814,7 +841,6 @@ struct HeadSession::Impl {
       head_weights.reset();
       auto last = Clock::now() - std::chrono::seconds(1);
       DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*source, *info, mine.first, mine.end, true, [&](const TransferProgress& p) {
-        room->Beat();
         if (r.on_progress && (Since(last) > 0.25 || p.bytes_done >= p.bytes_total)) {
           last = Clock::now();
           r.on_progress({0, id, hello.name, std::min(p.bytes_done, p.bytes_total), p.bytes_total});
@@ -827,45 +853,86 @@ struct HeadSession::Impl {
       keep = 0;
     }
     if (stages.size() > 1) say("waiting for " + std::to_string(stages.size() - 1) + " stage(s) to fetch their layers");
+    // Every wait ends: a stage that leaves the room (its heartbeats stopped) ends it at once;
+    // one that is alive but reports no progress for load_stall_s, or stays busy with another
+    // head's turn for busy_wait_s, ends it with its name.
     const auto wait_start = Clock::now();
-    auto last_busy = Clock::now() - std::chrono::seconds(10);
-    bool said_busy = false;
+    std::map<int, Clock::time_point> last_sign;  // stage -> its last progress (or the assignment)
+    std::map<int, Clock::time_point> resent;  // stage -> when its assignment was last sent
+    std::set<int> heard;                      // stages that said anything since
+    for (size_t i = 1; i < stages.size(); ++i) last_sign[static_cast<int>(i)] = resent[static_cast<int>(i)] = wait_start;
+    auto last_busy = Clock::now() - std::chrono::seconds(10);  // our last "busy" answer
+    std::optional<Clock::time_point> busy_since;  // since when the ring has been busy
     while (ready.size() + 1 < stages.size()) {
+      if (busy_since && Since(last_busy) > 3.0) busy_since.reset();  // the other turn ended
       // A stage busy with another head's turn said so: ask again every second.
-      if (said_busy && Since(last_busy) > 1.0) {
+      if (busy_since && Since(last_busy) > 1.0) {
         last_busy = Clock::now();
         for (size_t i = 1; i < stages.size(); ++i)
           if (!ready.count(static_cast<int>(i))) (void)ep->Send(stages[i].address, wire::Message(assignment_for(i)), 1000);
       }
+      // A stage not heard from at all may have dropped the assignment as from a stranger (its
+      // list of the room was older than this head's join): send it again every 5 s.
+      for (auto& [stage, at] : resent)
+        if (!heard.count(stage) && Since(at) > 5.0) {
+          at = Clock::now();
+          (void)ep->Send(stages[static_cast<size_t>(stage)].address, wire::Message(assignment_for(static_cast<size_t>(stage))), 1000);
+        }
       auto m = room->Poll(100, 0);
       for (size_t i = 1; i < stages.size(); ++i)
         if (!room->Has(stages[i].device_id)) {
           suspects.insert(stages[i].device_id);
-          return Unavailable("stage " + std::to_string(i) + " (" + stages[i].device_id.substr(0, 8) + ") left before it was ready");
+          return Unavailable("stage " + std::to_string(i) + " (" + StageName(planned, i) + ") left before it was ready: its heartbeats stopped");
         }
-      if (Since(wait_start) > 1800) return Unavailable("stages were not ready after 30 minutes");
+      if (busy_since && Since(*busy_since) > o.busy_wait_s)
+        return Unavailable("the ring stayed busy with another head's turn for " + std::to_string(static_cast<int>(o.busy_wait_s)) + " s; try again later");
+      for (const auto& [stage, at] : last_sign)
+        if (!ready.count(stage) && Since(at) > o.load_stall_s) {
+          suspects.insert(stages[static_cast<size_t>(stage)].device_id);
+          return Unavailable("stage " + std::to_string(stage) + " (" + StageName(planned, static_cast<size_t>(stage)) + ") reported no progress for " +
+                             std::to_string(static_cast<int>(o.load_stall_s)) + " s while fetching its layers; giving up on it");
+        }
       if (!m) continue;
+      const int from = StageOfSender(stages);
+      if (from >= 1) {
+        last_sign[from] = Clock::now();
+        heard.insert(from);
+      }
       if (auto* rd = std::get_if<wire::Ready>(&*m)) {
-        if (rd->stage >= 1 && static_cast<size_t>(rd->stage) < stages.size()) ready[rd->stage] = rd->kept;
+        if (rd->stage >= 1 && static_cast<size_t>(rd->stage) < stages.size() && rd->stage == from) ready[rd->stage] = rd->kept;
       } else if (auto* pg = std::get_if<wire::Progress>(&*m)) {
         if (pg->turn == turn && pg->stage >= 1 && static_cast<size_t>(pg->stage) < stages.size() && r.on_progress)
           r.on_progress({pg->stage, stages[static_cast<size_t>(pg->stage)].device_id, planned.view.stages[static_cast<size_t>(pg->stage)].device_name,
                          pg->bytes_done, pg->bytes_total});
       } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) {
-        if (e->code != wire::kErrBusy) return InvalidArgument("a stage refused its assignment: " + e->message);
-        // Another head's turn holds the ring: wait for it, asking again every second.
-        if (!said_busy) say("waiting for the turn in progress (" + e->message + ")");
-        said_busy = true;
-        last_busy = Clock::now();
+        if (e->code == wire::kErrBusy) {
+          // Another head's turn holds the ring: wait for it, asking again every second.
+          if (!busy_since) {
+            say("waiting for the turn in progress (" + e->message + ")");
+            busy_since = Clock::now();
+          }
+          last_busy = Clock::now();  // asked again a second after this answer
+        } else if (e->code == wire::kErrAssignment) {
+          return InvalidArgument("a stage refused its assignment: " + e->message);
+        } else {
+          // A late word about an earlier attempt's hop: not about this assignment.
+          LogInfo("head: while waiting for ready, a stage said: " + e->message);
+        }
       }
     }
     if (stages.size() > 1) say("all stages ready");
+    // Links that broke before the laps are not the laps' fault: a handshake refused while a
+    // stage had not yet heard of this head was retried by Send, and the assignment got there.
+    (void)ep->TakeDropped();
     // Every stage must hold the prefix: start where the shortest kept cache ends.
     for (const auto& [stage, kept] : ready) keep = std::min<int>(keep, kept);
     slot.stage->Truncate(keep);
     if (keep > 0) say("prefix cache: reusing " + std::to_string(keep) + " of " + std::to_string(r.prompt_ids.size()) + " prompt positions");
 
-    NetLink link(*ep, *room, stages, static_cast<int32_t>(turn), model_hash, spec.hidden, o.lap_timeout_s);
+    // A lap is given up only when it takes far longer than the plan predicts for the
+    // positions in flight (2 chunks of 16 during prefill), and never sooner than the floor.
+    const double lap_timeout = LapTimeout(planned.view.est_seconds_per_token);
+    NetLink link(*ep, *room, stages, static_cast<int32_t>(turn), model_hash, spec.hidden, lap_timeout);
     if (audit) {
       AuditSetup a;
       a.rate = o.audit_rate;
@@ -1013,7 +1080,7 @@ Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& op
   DAISY_ASSIGN_OR_RETURN(impl->keys, DeviceKeys(DeviceHome(), options.role));
   impl->id = net::KeyId(impl->keys.public_key);
   DAISY_ASSIGN_OR_RETURN(impl->ep, net::Endpoint::Bind(options.bind_host, 0, impl->keys));
-  impl->room = std::make_unique<Room>(*impl->ep, options.rendezvous, impl->id);
+  impl->room = std::make_unique<Room>(*impl->ep);
   // The head serves no other head's hops, so it does not offer itself as compute.
   impl->hello = MeasureHello(impl->id, options.name, wire::kCapHead);
   if (options.join_at_start) {

@@ -122,6 +122,7 @@ void ApplyPeerList(Endpoint& endpoint, const std::string& rendezvous_key, const 
     endpoint.SetPeerKey(p.address, p.public_key);
   }
   endpoint.SetAllowed(allowed);
+  endpoint.KeepOnly(allowed);  // links to members that left stop reconnecting
 }
 
 Result<std::string> JoinAddress(const std::string& host_port) {
@@ -180,6 +181,13 @@ struct Endpoint::Impl {
     s.set(zmq::sockopt::linger, 200);
     s.set(zmq::sockopt::immediate, 1);
     s.set(zmq::sockopt::sndhwm, 1000);
+    // ZMTP heartbeats: a peer that stops answering without closing its connection (a
+    // stopped process, a lost Wi-Fi link) is disconnected, so sends to it fail. Answered by
+    // ZeroMQ's I/O thread, never delayed by the peer's compute.
+    s.set(zmq::sockopt::heartbeat_ivl, 2000);
+    s.set(zmq::sockopt::heartbeat_timeout, 10000);
+    // Reconnect attempts back off to one every 5 s (default: every 100 ms, forever).
+    s.set(zmq::sockopt::reconnect_ivl_max, 5000);
     s.set(zmq::sockopt::curve_serverkey, key->second);
     s.set(zmq::sockopt::curve_publickey, keys.public_key);
     s.set(zmq::sockopt::curve_secretkey, keys.secret_key);
@@ -228,6 +236,13 @@ Endpoint::~Endpoint() {
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Bind(const std::string& host, int port) {
   return Bind(host, port, NewKeyPair());
+}
+
+Result<std::unique_ptr<Endpoint>> Endpoint::SendOnly(const KeyPair& keys) {
+  if (!IsPublicKey(keys.public_key) || !IsPublicKey(keys.secret_key)) return InvalidArgument("Bug: Endpoint::SendOnly without a key pair");
+  auto impl = std::make_unique<Impl>();
+  impl->keys = keys;  // the inbox stays unbound: nothing can reach it
+  return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
 }
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Bind(const std::string& host, int port, const KeyPair& keys) {
@@ -349,6 +364,20 @@ Result<std::optional<std::vector<uint8_t>>> Endpoint::Receive(int timeout_ms) {
   if (!f) return std::optional<std::vector<uint8_t>>();
   return std::optional<std::vector<uint8_t>>(std::move(f->bytes));
 }
+
+void Endpoint::KeepOnly(const std::vector<std::string>& public_keys) {
+  const std::set<std::string> keep(public_keys.begin(), public_keys.end());
+  for (auto it = impl_->peer_keys.begin(); it != impl_->peer_keys.end();) {
+    if (keep.count(it->second)) {
+      ++it;
+      continue;
+    }
+    Forget(it->first);
+    it = impl_->peer_keys.erase(it);
+  }
+}
+
+int Endpoint::outboxes() const { return static_cast<int>(impl_->outboxes.size()); }
 
 void Endpoint::Forget(const std::string& address) {
   auto it = impl_->outboxes.find(address);

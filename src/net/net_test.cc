@@ -427,5 +427,98 @@ TEST(Rendezvous, PreApprovedFingerprintsAreAdmittedWhenTheyAsk) {
   EXPECT_FALSE((*rv)->RequestJoin({"r", NewKeyPair().public_key, "u", ""})->approved);
 }
 
+// ---- liveness from a thread of its own (Pulse), and links to members that left ----
+
+bool IsMember(const Rendezvous& rv, const std::string& id) {
+  for (const auto& m : rv.Members())
+    if (m.hello.device_id == id) return true;
+  return false;
+}
+
+// A member whose own thread is busy (a long load, a long prefill) stays in the room: the
+// pulse beats for it. The same member without a pulse is dropped.
+TEST(Pulse, KeepsAMemberWhoseThreadIsBusyInTheRoom) {
+  RendezvousOptions o;
+  o.port = 0;
+  o.auto_approve = true;
+  o.dead_after_s = 1.0;
+  auto rv = Rendezvous::Start(o);
+  ASSERT_TRUE(rv.ok()) << rv.status().message();
+  const KeyPair ka = NewKeyPair(), kb = NewKeyPair();
+  auto a = Endpoint::Bind("127.0.0.1", 0, ka).value();
+  auto b = Endpoint::Bind("127.0.0.1", 0, kb).value();
+  for (auto* ep : {a.get(), b.get()}) {
+    ASSERT_TRUE((*rv)->RequestJoin({"r", ep->public_key(), "d", "127.0.0.1"})->approved);
+    ep->SetPeerKey((*rv)->address(), (*rv)->public_key());
+    ep->Allow((*rv)->public_key());
+  }
+  const std::string ida = KeyId(ka.public_key), idb = KeyId(kb.public_key);
+  PulseOptions po;
+  po.rendezvous = (*rv)->address();
+  po.server_key = (*rv)->public_key();
+  po.keys = ka;
+  po.device_id = ida;
+  po.interval_s = 0.2;
+  po.join_frame = wire::Encode(wire::Message(wire::Join{"r", a->address(), HelloFor(ida)}));
+  auto pulse = Pulse::Start(po);
+  ASSERT_TRUE(pulse.ok()) << pulse.status().message();
+  ASSERT_TRUE(b->Send((*rv)->address(), wire::Message(wire::Join{"r", b->address(), HelloFor(idb)})).ok());
+  for (int i = 0; i < 100 && !(IsMember(**rv, ida) && IsMember(**rv, idb)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(IsMember(**rv, ida)) << "the pulse's join did not get a in";
+  ASSERT_TRUE(IsMember(**rv, idb));
+  // Both devices' own threads are busy for 3 s (three times the dead-member timeout).
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_TRUE(IsMember(**rv, ida)) << "a member with a pulse was dropped while busy";
+  EXPECT_FALSE(IsMember(**rv, idb)) << "a member without heartbeats was kept";
+  EXPECT_LT((*pulse)->SilentFor(), 1.0);
+}
+
+// The pulse tells its owner when the rendezvous stops taking heartbeats (gone, or restarted
+// and no longer admitting this key), so a member knows to ask for admission again.
+TEST(Pulse, SaysHowLongTheRendezvousHasNotTakenAHeartbeat) {
+  RendezvousOptions o;
+  o.port = 0;
+  o.auto_approve = true;
+  auto rv = Rendezvous::Start(o);
+  ASSERT_TRUE(rv.ok());
+  const KeyPair k = NewKeyPair();
+  ASSERT_TRUE((*rv)->RequestJoin({"r", k.public_key, "d", "127.0.0.1"})->approved);
+  PulseOptions po;
+  po.rendezvous = (*rv)->address();
+  po.server_key = (*rv)->public_key();
+  po.keys = k;
+  po.device_id = KeyId(k.public_key);
+  po.interval_s = 0.2;
+  auto pulse = Pulse::Start(po);
+  ASSERT_TRUE(pulse.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  EXPECT_LT((*pulse)->SilentFor(), 0.5);
+  rv->reset();  // the rendezvous goes away
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_GT((*pulse)->SilentFor(), 1.5);
+}
+
+// A device closes its links to members that left the room: no socket keeps reconnecting to
+// a departed head (each left one eventfd and a reconnect loop behind).
+TEST(Endpoint, LinksToMembersThatLeftTheRoomAreClosed) {
+  auto a = Endpoint::Bind("127.0.0.1", 0).value();
+  auto b = Endpoint::Bind("127.0.0.1", 0).value();
+  auto c = Endpoint::Bind("127.0.0.1", 0).value();
+  const KeyPair rv = NewKeyPair();
+  auto peer = [](const Endpoint& ep) { return wire::Peer{ep.address(), HelloFor(KeyId(ep.public_key())), ep.public_key()}; };
+  wire::Peers both{"r", {peer(*b), peer(*c)}};
+  ApplyPeerList(*a, rv.public_key, both);
+  b->Allow(a->public_key());
+  c->Allow(a->public_key());
+  ASSERT_TRUE(a->Send(b->address(), wire::Message(wire::Bye{"x"})).ok());
+  ASSERT_TRUE(a->Send(c->address(), wire::Message(wire::Bye{"x"})).ok());
+  EXPECT_EQ(a->outboxes(), 2);
+  wire::Peers only_b{"r", {peer(*b)}};
+  ApplyPeerList(*a, rv.public_key, only_b);
+  EXPECT_EQ(a->outboxes(), 1) << "the link to the member that left is still open";
+  EXPECT_FALSE(a->Send(c->address(), wire::Message(wire::Bye{"x"}), 200).ok()) << "its key is forgotten too";
+  EXPECT_TRUE(a->Send(b->address(), wire::Message(wire::Bye{"x"})).ok());
+}
+
 }  // namespace
 }  // namespace daisy::net

@@ -84,41 +84,44 @@ class Node {
     server_key_ = *server_key;
     ep_->SetPeerKey(o_.rendezvous, server_key_);
     ep_->Allow(server_key_);
-    auto last_beat = Clock::now() - std::chrono::seconds(10);
-    auto last_join = last_beat;
+    // Heartbeats and the join come from a thread of their own: loading a slice or running
+    // a long hop on this thread never makes the rendezvous take this device for dead.
+    net::PulseOptions po;
+    po.rendezvous = o_.rendezvous;
+    po.server_key = server_key_;
+    po.keys = keys;
+    po.device_id = id_;
+    po.join_frame = wire::Encode(wire::Message(wire::Join{o_.room, address_, hello_}));
+    DAISY_ASSIGN_OR_RETURN(pulse_, net::Pulse::Start(po));
     while (!(o_.stop && o_.stop->load())) {
-      const auto now = Clock::now();
-      // Join until the rendezvous answers with a peer list, then again every few seconds
-      // (a no-op for a known member) so a node dropped while busy comes back; heartbeats
-      // every second.
-      if (now - last_join > std::chrono::seconds(joined_ ? 5 : 2)) {
-        (void)ep_->Send(o_.rendezvous, wire::Message(wire::Join{o_.room, address_, hello_}), 500);
-        last_join = now;
+      if (pulse_->SilentFor() > net::kRendezvousLostSeconds) {
+        // The rendezvous stopped taking heartbeats: it is gone, or it restarted and no longer
+        // admits this key. Ask to be admitted again (same server key); the layers stay.
+        std::fprintf(stderr, "node %s: lost the rendezvous at %s (no heartbeat got through for %.0f s); asking to be admitted again\n",
+                     hello_.name.c_str(), o_.rendezvous.c_str(), pulse_->SilentFor());
+        auto again = AwaitAdmission(jo, keys);
+        if (!again.ok()) {
+          if (again.status().code() == ErrorCode::kAborted) break;
+          return again.status();
+        }
+        if (*again != server_key_) return FailedPrecondition("the rendezvous at " + o_.rendezvous + " came back with another key");
+        joined_ = false;
+        // Give the pulse a few beats to get through before judging it again.
+        for (int i = 0; i < 30 && pulse_->SilentFor() > 1.5 && !(o_.stop && o_.stop->load()); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      if (now - last_beat > std::chrono::seconds(1)) {
-        Beat();
-        last_beat = now;
-      }
+      ForgetHeadIfGone();
       auto frame = ep_->ReceiveFrame(100);
       if (!frame.ok()) return frame.status();
       if (!frame->has_value()) continue;
       Handle((*frame)->bytes, (*frame)->sender_key);
     }
+    pulse_.reset();
     (void)ep_->Send(o_.rendezvous, wire::Message(wire::Bye{id_}), 300);
     return Status::Ok();
   }
 
  private:
-  void Beat() {
-    (void)ep_->Send(o_.rendezvous, wire::Message(wire::Heartbeat{NowMillis(), id_}), 300);
-    last_beat_ = Clock::now();
-  }
-  static uint64_t NowMillis() {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     std::chrono::system_clock::now().time_since_epoch())
-                                     .count());
-  }
-
   // Who may send what: the rendezvous its peer lists; a head (the key the room lists for
   // the device an assignment names as stage 0) its assignment; the head of the turn its
   // tokens, done, audit requests and errors; the stage before this one the activations.
@@ -131,7 +134,7 @@ class Node {
     if (!msg.ok()) {
       if (from_head || from_upstream) {
         LogWarning("node: refused a frame: " + msg.status().message());
-        (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{2, hello_.name + " refused a frame: " + msg.status().message()}), 500);
+        (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{wire::kErrFrame, hello_.name + " refused a frame: " + msg.status().message()}), 500);
       } else {
         Dropped(sender, "a malformed frame (" + msg.status().message() + ")");
       }
@@ -176,15 +179,31 @@ class Node {
     joined_ = true;
     bool head_here = head_id_.empty();
     for (const auto& peer : p.peers) head_here = head_here || peer.hello.device_id == head_id_;
-    if (!head_here) {
-      std::fprintf(stderr, "node %s: the head left; keeping my layers for the next turn\n", hello_.name.c_str());
-      busy_head_.clear();
-      head_id_.clear();
-      head_address_.clear();
-      head_key_.clear();
-      upstream_key_.clear();
-      seq_ = -1;
+    if (head_here) {
+      head_missing_since_.reset();
+    } else {
+      // Lists from the rendezvous and frames from a head travel on different connections, so
+      // a list from before a head (re)joined can arrive after its assignment. The head is
+      // taken as gone only when no later list brings it back (HeadGone), and until then its
+      // frames are still admitted.
+      if (!head_missing_since_) head_missing_since_ = Clock::now();
+      ep_->Allow(head_key_);
+      ep_->SetPeerKey(head_address_, head_key_);
     }
+  }
+
+  // The head of the assigned turn has been missing from the room's lists for a while: it
+  // left (or was dropped). The ring is free for the next head; the layers stay.
+  void ForgetHeadIfGone() {
+    if (!head_missing_since_ || Clock::now() - *head_missing_since_ < std::chrono::seconds(3)) return;
+    head_missing_since_.reset();
+    std::fprintf(stderr, "node %s: the head left; keeping my layers for the next turn\n", hello_.name.c_str());
+    busy_head_.clear();
+    head_id_.clear();
+    head_address_.clear();
+    head_key_.clear();
+    upstream_key_.clear();
+    seq_ = -1;
   }
 
   void On(wire::Assignment& a) {
@@ -201,14 +220,20 @@ class Node {
     Status st = Assign(a);
     if (!st.ok()) {
       std::fprintf(stderr, "node %s: assignment refused: %s\n", hello_.name.c_str(), Redact(st.message()).c_str());
-      (void)ep_->Send(a.stages[0].address, wire::Message(wire::ErrorMsg{3, hello_.name + ": " + Redact(st.message())}), 1000);
+      (void)ep_->Send(a.stages[0].address, wire::Message(wire::ErrorMsg{wire::kErrAssignment, hello_.name + ": " + Redact(st.message())}), 1000);
       head_id_ = old_id;
       head_address_ = old_address;
       head_key_ = old_key;
       return;
     }
     busy_head_ = head_id_;
-    (void)ep_->Send(head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes(), kept_}), 2000);
+    // The addresses the plan gives (the head's, the next stage's) with the keys the room
+    // lists for those devices: a head that rejoined at a new address is reachable even
+    // before the peer list that shows it arrives. CURVE still proves who listens there.
+    for (const auto& st : a.stages)
+      if (auto k = key_of_.find(st.device_id); k != key_of_.end()) ep_->SetPeerKey(st.address, k->second);
+    Status sent = ep_->Send(head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes(), kept_}), 2000);
+    if (!sent.ok()) LogWarning("node " + hello_.name + ": could not tell the head it is ready: " + sent.message());
   }
 
   // The assignment's cache: the conversation's slot, its first `keep` positions kept only
@@ -279,8 +304,7 @@ class Node {
       auto started = Clock::now();
       auto last_progress = Clock::now() - std::chrono::seconds(1);
       ProgressFn progress = [&](const TransferProgress& p) {
-        // Keep heartbeats going through a long download, and tell the head how far it is.
-        if (Clock::now() - last_beat_ > std::chrono::seconds(1)) Beat();
+        // Tell the head how far it is (the pulse keeps the heartbeats going meanwhile).
         if (Clock::now() - last_progress > std::chrono::milliseconds(250) || p.bytes_done == p.bytes_total) {
           last_progress = Clock::now();
           (void)ep_->Send(head_address_, wire::Message(wire::Progress{a.turn, a.your_stage, std::min(p.bytes_done, p.bytes_total), p.bytes_total}), 200);
@@ -319,14 +343,19 @@ class Node {
   }
 
   void On(wire::Activation& a) {
-    auto refuse = [&](const std::string& why) {
+    auto refuse = [&](const std::string& why, uint16_t code = wire::kErrHop) {
       LogWarning("node " + hello_.name + ": refused a hop: " + why);
-      if (!head_address_.empty()) (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{4, hello_.name + " refused a hop: " + why}), 1000);
+      if (!head_address_.empty()) (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{code, hello_.name + " refused a hop: " + why}), 300);
     };
     if (!slice_.weights) return refuse("no layers assigned");
     if (a.model_hash != slice_.model_hash) return refuse("model_hash mismatch: this device holds a slice of another model");
     if (a.next != stage_) return refuse("the hop is for stage " + std::to_string(a.next) + ", this device is stage " + std::to_string(stage_));
-    if (a.seq != seq_ || !kv_) return refuse("a hop of turn " + std::to_string(a.seq) + ", not of the turn assigned");
+    if (a.seq != seq_ || !kv_) {
+      // A late hop of an earlier turn (a stage that was stopped and resumed, a replayed
+      // turn): not this turn's business, so the head of this turn is not told.
+      LogInfo("node " + hello_.name + ": dropped a hop of turn " + std::to_string(a.seq) + ", not of the turn assigned");
+      return;
+    }
     const int hidden = slice_.info->spec.hidden;
     HiddenStates h;
     h.hidden = hidden;
@@ -368,7 +397,7 @@ class Node {
       (void)ep_->Send(head_address_, wire::Message(wire::HopDigest{a.seq, stage_, out.token_index, n, in_hash, wire::RowsHash(out.values)}), 500);
     const std::string& to = last ? stages_[0].address : stages_[static_cast<size_t>(stage_) + 1].address;
     Status sent = ep_->Send(to, wire::Message(out), 1500);
-    if (!sent.ok()) refuse("could not pass the activation on: " + sent.message());
+    if (!sent.ok()) refuse("could not pass the activation on: " + sent.message(), wire::kErrNextUnreachable);
   }
 
   void On(wire::Token& t) {
@@ -410,7 +439,7 @@ class Node {
   void On(wire::Join&) {}
   void On(wire::AuditRequest& q) {
     auto refuse = [&](const std::string& why) {
-      (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{6, hello_.name + " cannot answer an audit: " + why}), 500);
+      (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{wire::kErrAudit, hello_.name + " cannot answer an audit: " + why}), 500);
     };
     if (!audit_ || q.seq != seq_ || !slice_.info) return refuse("no audited turn " + std::to_string(q.seq));
     const int hidden = slice_.info->spec.hidden;
@@ -442,7 +471,8 @@ class Node {
   Clock::time_point last_drop_log_ = Clock::now() - std::chrono::seconds(10);
   wire::Hello hello_;
   bool joined_ = false;
-  Clock::time_point last_beat_ = Clock::now();
+  std::unique_ptr<net::Pulse> pulse_;
+  std::optional<Clock::time_point> head_missing_since_;  // the turn's head is not in the last list
   std::string head_id_, head_address_;
   std::string busy_head_;  // the head whose turn this device serves, until its done
   Slice slice_;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <limits>
 #include <map>
@@ -79,6 +80,9 @@ struct TestHub::Impl {
   uint64_t cut_after = kNever;
   uint64_t stall_after = kNever;
   int stall_ms = 0;
+  uint64_t bytes_per_s = 0;  // 0: unlimited
+  int first_byte_delay_ms = 0;
+  uint64_t delay_min_length = 0;
   bool stopping = false;
   std::condition_variable stop_cv;  // wakes stalled responses when the hub stops
   std::vector<TestHubRequest> log;
@@ -148,20 +152,36 @@ struct TestHub::Impl {
       res.set_content("", "application/octet-stream");
       return;
     }
-    uint64_t cut = kNever, stall = kNever;
-    int pause_ms = 0;
+    uint64_t cut = kNever, stall = kNever, rate = 0;
+    int pause_ms = 0, delay_ms = 0;
     if (req.method != "HEAD") {
       std::lock_guard<std::mutex> lock(mu);
       std::swap(cut, cut_after);
       std::swap(stall, stall_after);
       pause_ms = stall_ms;
+      rate = bytes_per_s;
+      if (length >= delay_min_length) delay_ms = first_byte_delay_ms;
     }
     auto sent = std::make_shared<uint64_t>(0);
+    auto started = std::make_shared<std::chrono::steady_clock::time_point>();
     res.set_content_provider(
         static_cast<size_t>(length), "application/octet-stream",
-        [this, file, first, cut, stall, pause_ms, sent](size_t offset, size_t want, httplib::DataSink& sink) mutable {
+        [this, file, first, cut, stall, pause_ms, sent, rate, delay_ms, started](size_t offset, size_t want, httplib::DataSink& sink) mutable {
           char buf[64 * 1024];
           uint64_t n = std::min<uint64_t>(want, sizeof buf);
+          if (*sent == 0 && delay_ms > 0) {  // a slow server: nothing at all for a while
+            std::unique_lock<std::mutex> lock(mu);
+            if (stop_cv.wait_for(lock, std::chrono::milliseconds(delay_ms), [this] { return stopping; })) return false;
+            delay_ms = 0;
+          }
+          if (*sent == 0) *started = std::chrono::steady_clock::now();
+          if (rate > 0) {
+            // Paced: the bytes sent so far may not run ahead of rate x time.
+            n = std::min<uint64_t>(n, std::max<uint64_t>(1, rate / 20));
+            const auto due = *started + std::chrono::microseconds(*sent * 1000000 / rate);
+            std::unique_lock<std::mutex> lock(mu);
+            if (stop_cv.wait_until(lock, due, [this] { return stopping; })) return false;
+          }
           if (cut != kNever) n = std::min<uint64_t>(n, cut - *sent);
           if (stall != kNever) {
             if (*sent >= stall) {
@@ -336,6 +356,15 @@ void TestHub::FailNextRequests(int n, int status) {
 void TestHub::CutNextResponseAfter(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->cut_after = bytes;
+}
+void TestHub::SetBandwidthLimit(uint64_t bytes_per_s) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->bytes_per_s = bytes_per_s;
+}
+void TestHub::SetFirstByteDelay(int ms, uint64_t min_length) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->first_byte_delay_ms = ms;
+  impl_->delay_min_length = min_length;
 }
 void TestHub::StallNextResponseAfter(uint64_t bytes, int ms) {
   std::lock_guard<std::mutex> lock(impl_->mu);

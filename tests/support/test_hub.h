@@ -58,6 +58,11 @@ class TestHub {
   // The next response with a body (either server) pauses for `ms` milliseconds after
   // `bytes` body bytes, then goes on if the client is still there.
   void StallNextResponseAfter(uint64_t bytes, int ms);
+  // Every response with a body sends at most this many bytes a second (0: unlimited), and
+  // each of at least `min_length` body bytes waits `ms` before its first byte (0: none): a
+  // slow server, for load-time tests.
+  void SetBandwidthLimit(uint64_t bytes_per_s);
+  void SetFirstByteDelay(int ms, uint64_t min_length = 0);
 
   int request_count() const;         // both servers, since the last ResetCounters()
   uint64_t body_bytes_sent() const;  // file bytes written (error and redirect bodies not counted)
