@@ -40,6 +40,25 @@ uint64_t PeakMemoryBytes() {
   return static_cast<uint64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+// VmHWM of /proc/self/status: the peak resident set, load included; 0 where there is no
+// /proc (then the budget check is not available).
+uint64_t PeakRssBytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return static_cast<uint64_t>(kib) * 1024;
+}
+
+// What generate may hold at its peak (docs/FORWARD.md, "Loading"): the weights as held
+// (int8 matrices with their scales and biases, f32 norms, the embedding at the file's
+// width), the KV cache, and 64 MiB for everything else (code, tokenizer, load blocks,
+// activations, logits).
+constexpr uint64_t kRssSlackBytes = 64ull << 20;
+
 double PerSecond(double n, double seconds) {
   return seconds > 0 ? n / seconds : 0.0;
 }
@@ -123,6 +142,11 @@ int RunGenerate(const GenerateCliOptions& o) {
     j["decode_seconds"] = r->decode_seconds;
     j["decode_tokens_per_s"] = decode_tps;
     j["peak_memory_bytes"] = peak;
+    j["peak_rss_bytes"] = PeakRssBytes();
+    j["weight_bytes"] = pipeline->WeightBytes();
+    j["embedding_bytes"] = pipeline->weights(0).head().embed.Bytes();
+    j["kv_cache_bytes"] = pipeline->CacheBytes();
+    j["rss_budget_bytes"] = pipeline->WeightBytes() + pipeline->CacheBytes() + kRssSlackBytes;
     if (o.verbose) {
       char hash[17];
       std::snprintf(hash, sizeof hash, "%016" PRIx64, kernels::ProbeHash());
@@ -153,7 +177,7 @@ DAISY_REGISTER_COMMAND(generate, 10, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--threads", o->threads, "Kernel threads (default: all cores)")->check(CLI::Range(1, 1024));
   sub->add_flag("--json", o->json,
                 "Print one JSON object: prompt_ids, ids, text (prompt + completion), completion, finish_reason, "
-                "backend, throughput, peak memory");
+                "backend, throughput, peak memory (peak_rss_bytes against rss_budget_bytes)");
   sub->add_flag("--verbose", o->verbose, "Print the backend report and the probe hash");
   sub->add_flag("--no-cache", o->no_cache, "Do not use the on-disk download cache");
   return [o] { return RunGenerate(*o); };

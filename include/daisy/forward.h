@@ -61,6 +61,12 @@ class EmbeddingTable {
   EmbeddingTable() = default;
   // values (rows, cols) f32, widened from `source_dtype`.
   static EmbeddingTable FromF32(std::span<const float> values, int rows, int cols, DType source_dtype);
+  // A table (rows, cols) held at the width of `dtype` (BF16, F16: 2 bytes per value; F32:
+  // 4), filled by SetRows as the file's bytes arrive: loading never holds the table at any
+  // other width.
+  static EmbeddingTable Allocate(int rows, int cols, DType dtype);
+  // Rows [row, row + n) from their bytes in the file (little-endian, the table's dtype).
+  void SetRows(int row, int n, std::span<const uint8_t> raw);
   int rows() const { return rows_; }
   int cols() const { return cols_; }
   // Writes row r (cols values, exactly the file's values) to out.
@@ -106,8 +112,11 @@ struct HeadWeights {
 // head. Immutable after loading, so it may be shared by any number of threads. Move-only.
 class StageWeights {
  public:
-  // Fetches only the tensors of layers [first, end) (+ the head's) through FetchTensors,
-  // quantizing each matrix as it arrives so the f32 copy lives one tensor at a time.
+  // Fetches only the tensors of layers [first, end) (+ the head's) through
+  // FetchTensorBlocks, converting each block of rows as it arrives straight into its
+  // resident form (int8 rows, embedding rows at the file's width): peak memory is the
+  // resident weights plus a few MB of blocks, whatever the file's dtype (docs/FORWARD.md).
+  // `progress` ticks per read chunk and per block.
   static Result<StageWeights> Load(ModelSource& source, const ModelInfo& info, int first, int end, bool with_head,
                                    const ProgressFn& progress = {});
   // The same from tensors in memory (F32); `tensors` may hold more than the stage needs.
@@ -297,6 +306,8 @@ class LocalPipeline {
   const StageWeights& weights(int stage) const { return *weights_[static_cast<size_t>(stage)]; }
   int n_stages() const { return static_cast<int>(weights_.size()); }
   size_t WeightBytes() const;
+  // Bytes of every stage's KV cache (allocated whole up front).
+  size_t CacheBytes() const;
 
  private:
   LocalPipeline() = default;

@@ -105,11 +105,40 @@ struct ByteRange {
 };
 std::vector<ByteRange> CoalesceRanges(std::vector<ByteRange> ranges, uint64_t max_gap = kDefaultCoalesceGap);
 
+// A block of whole rows of one tensor, as its bytes arrive. The tensor is seen as
+// (rows, row_elements): rows = shape[0] (1 for a scalar), row_elements = the product of
+// the other dimensions (1 for a vector). Blocks of a tensor come in order, rows [0, rows),
+// each at most kTensorBlockBytes of f32 (but at least one row); a tensor with no elements
+// comes as one empty block.
+inline constexpr uint64_t kTensorBlockBytes = 4u << 20;
+struct TensorBlock {
+  const TensorInfo* info = nullptr;
+  int64_t rows = 0;  // of the whole tensor
+  int64_t row_elements = 0;
+  int64_t row_begin = 0;          // first row of this block
+  int64_t n_rows = 0;             // rows in this block
+  std::span<const uint8_t> raw;   // the file's bytes of these rows (info->dtype, little-endian)
+  std::span<const float> values;  // the same values widened to f32 (exact)
+  bool first() const { return row_begin == 0; }
+  bool last() const { return row_begin + n_rows == rows; }
+};
+using TensorBlockSink = std::function<Status(const TensorBlock& block)>;
+
 // Fetches the named tensors with few requests (one per coalesced range; the gap merged is
 // at most max_gap and at most 1% of the bytes wanted from that file, so the bytes fetched
-// stay within 1% of the tensors' bytes) and hands each to
-// `sink` as f32 once all its bytes have arrived, in file-offset order. Memory is bounded
-// by the largest tensor, not the total. `progress` (optional) sees bytes over all ranges.
+// stay within 1% of the tensors' bytes) and hands them to `sink` block by block as the
+// bytes arrive, tensors in file-offset order. Memory is one read chunk plus one block
+// (raw and f32), whatever the size of a tensor or a file: a caller that converts each
+// block to its resident form never holds a whole tensor at any width. `progress`
+// (optional) sees the bytes consumed over all ranges after every read chunk and every
+// block (so at least once per tensor, and while a big tensor is being converted).
+Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const std::vector<std::string>& names,
+                         const TensorBlockSink& sink, const ProgressFn& progress = {},
+                         uint64_t max_gap = kDefaultCoalesceGap);
+
+// FetchTensorBlocks, assembled: hands each tensor to `sink` whole, as f32, once all its
+// bytes have arrived. Memory is bounded by the largest tensor in f32 (tests, tools; the
+// forward pass loads through FetchTensorBlocks).
 using TensorSink = std::function<Status(const TensorInfo& info, std::span<const float> values)>;
 Status FetchTensors(ModelSource& source, const TensorIndex& index, const std::vector<std::string>& names,
                     const TensorSink& sink, const ProgressFn& progress = {},

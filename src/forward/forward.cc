@@ -571,4 +571,10 @@ size_t LocalPipeline::WeightBytes() const {
   return b;
 }
 
+size_t LocalPipeline::CacheBytes() const {
+  size_t b = head_ ? head_->CacheBytes() : 0;
+  for (const auto& s : stages_) b += s->kv().Bytes();
+  return b;
+}
+
 }  // namespace daisy

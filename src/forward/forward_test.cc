@@ -391,6 +391,24 @@ TEST(Forward, EmbeddingLookupIsExact) {
   EXPECT_EQ(to.Bytes(), 8u);
   to.Row(0, row.data());
   EXPECT_EQ(row[0], odd[0]);
+  // Filled from the file's bytes block by block (the streaming load): the same rows.
+  const std::vector<uint8_t> raw16 = {0x00, 0x38, 0x00, 0x04, 0x01, 0x00, 0xff, 0xfb};  // the F16 row above
+  EmbeddingTable fh = EmbeddingTable::Allocate(2, 4, DType::kF16);
+  EXPECT_EQ(fh.Bytes(), 16u);
+  fh.SetRows(1, 1, raw16);
+  fh.Row(1, row.data());
+  EXPECT_EQ(row, h16);
+  const std::vector<uint8_t> rawbf = {0xc0, 0x3f, 0x00, 0xbc};  // bf16 1.5, -0.0078125
+  EmbeddingTable fb = EmbeddingTable::Allocate(1, 2, DType::kBF16);
+  fb.SetRows(0, 1, rawbf);
+  row.resize(2);
+  fb.Row(0, row.data());
+  EXPECT_EQ(row, (std::vector<float>{1.5f, -0.0078125f}));
+  EmbeddingTable ff = EmbeddingTable::Allocate(1, 2, DType::kF32);
+  ff.SetRows(0, 1, {reinterpret_cast<const uint8_t*>(odd.data()), 8});
+  EXPECT_EQ(ff.Bytes(), 8u);
+  ff.Row(0, row.data());
+  EXPECT_TRUE(SameBits(row, odd));
 }
 
 // --- refusals -------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -32,11 +33,15 @@ struct MadeModel {
   std::unique_ptr<ModelInfo> info;
 
   static std::unique_ptr<MadeModel> Make(const std::string& preset) {
-    auto m = std::make_unique<MadeModel>();
-    m->dir = (fs::path(::testing::TempDir()) / ("daisy_forward_" + preset + "_" + std::to_string(getpid()))).string();
     modelmaker::MakeOptions o;
     o.seed = 7;
-    const Status st = modelmaker::MakeModel(modelmaker::PresetShape(preset), m->dir, o);
+    return Make(modelmaker::PresetShape(preset), o, preset);
+  }
+  static std::unique_ptr<MadeModel> Make(const modelmaker::ModelShape& shape, const modelmaker::MakeOptions& o,
+                                         const std::string& tag) {
+    auto m = std::make_unique<MadeModel>();
+    m->dir = (fs::path(::testing::TempDir()) / ("daisy_forward_" + tag + "_" + std::to_string(getpid()))).string();
+    const Status st = modelmaker::MakeModel(shape, m->dir, o);
     EXPECT_TRUE(st.ok()) << st.ToString();
     auto src = OpenLocalFolder(m->dir);
     EXPECT_TRUE(src.ok()) << src.status().ToString();
@@ -259,6 +264,186 @@ TEST_F(Gpt2Small, EveryBackendEqualsScalar) {
   }
   ASSERT_TRUE(kernels::SetBackend(before).ok());
   if (compared == 0) GTEST_SKIP() << "no SIMD backend is supported on this CPU";
+}
+
+// --- Streaming load -------------------------------------------------------------------
+// StageWeights::Load converts every block of rows as it arrives (docs/FORWARD.md,
+// "Loading"). These models make tensors span many blocks: Qwen2's 151936-row vocabulary
+// (tied embedding, q/k/v biases) in BF16 and F32, and a GPT-2 layer of width 768 whose
+// Conv1D weights are quantized from their staged bytes in several row blocks.
+
+using kernels::QuantizedMatrix;
+
+modelmaker::ModelShape WideQwen(int hidden) {
+  modelmaker::ModelShape s = modelmaker::PresetShape("qwen2.5-0.5b");
+  s.hidden = hidden, s.intermediate = 2 * hidden, s.n_heads = 2, s.n_kv_heads = 1, s.head_dim = hidden / 2;
+  return s;
+}
+
+modelmaker::ModelShape WideGpt2() {
+  modelmaker::ModelShape s = modelmaker::PresetShape("gpt2-small-test");
+  s.hidden = 768, s.intermediate = 3072, s.n_heads = 12, s.n_kv_heads = 12, s.head_dim = 64;
+  return s;
+}
+
+class StreamingLoad : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    modelmaker::MakeOptions o;
+    o.seed = 11;
+    o.n_layers = 2;
+    wide_bf16_ = MadeModel::Make(WideQwen(128), o, "wide_bf16").release();
+    o.dtype = modelmaker::WeightDType::kF32;
+    o.n_layers = 1;
+    wide_f32_ = MadeModel::Make(WideQwen(64), o, "wide_f32").release();
+    o.dtype = modelmaker::WeightDType::kBF16;
+    gpt2_wide_ = MadeModel::Make(WideGpt2(), o, "gpt2_wide").release();
+  }
+  static void TearDownTestSuite() {
+    delete wide_bf16_;
+    delete wide_f32_;
+    delete gpt2_wide_;
+  }
+  static MadeModel* wide_bf16_;
+  static MadeModel* wide_f32_;
+  static MadeModel* gpt2_wide_;
+};
+MadeModel* StreamingLoad::wide_bf16_ = nullptr;
+MadeModel* StreamingLoad::wide_f32_ = nullptr;
+MadeModel* StreamingLoad::gpt2_wide_ = nullptr;
+
+bool SameMatrix(const QuantizedMatrix& a, const QuantizedMatrix& b) {
+  return a.n == b.n && a.k == b.k && a.q == b.q && SameBits(a.scale, b.scale) && SameBits(a.bias, b.bias);
+}
+
+// What loading gave before it streamed: each whole tensor widened to f32 (FetchTensors),
+// Conv1D transposed, QuantizeMatrix, parts stacked. The streamed weights must hold the
+// same bits, and the embedding rows the file's exact values.
+void ExpectSameAsWholeTensors(const MadeModel& m) {
+  const ModelSpec& s = m.info->spec;
+  auto w = StageWeights::Load(*m.source, *m.info, 0, s.n_layers, true);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  HostTensors all;
+  ASSERT_TRUE(FetchTensors(*m.source, m.info->index, StageTensorNames(s, 0, s.n_layers, true),
+                           [&](const TensorInfo& t, std::span<const float> v) {
+                             all[t.name] = HostTensor{t.shape, {v.begin(), v.end()}};
+                             return Status::Ok();
+                           })
+                  .ok());
+  // Layer weights follow the family's layout; the embedding and LM head are (vocab, hidden).
+  auto quant = [&](const std::string& name, bool layer = true) {
+    const HostTensor& t = all.at(name);
+    int64_t rows = t.shape[0], cols = t.shape[1];
+    std::vector<float> v = t.values;
+    if (layer && s.layout == WeightLayout::kInOut) {  // (in, out) -> (out, in)
+      std::swap(rows, cols);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          v[static_cast<size_t>(r * cols + c)] = t.values[static_cast<size_t>(c * rows + r)];
+    }
+    auto q = kernels::QuantizeMatrix(v, static_cast<int>(rows), static_cast<int>(cols), {}, name);
+    EXPECT_TRUE(q.ok()) << name;
+    return q.ok() ? std::move(*q) : QuantizedMatrix{};
+  };
+  auto stack = [](std::vector<QuantizedMatrix> parts) {
+    QuantizedMatrix out = std::move(parts[0]);
+    for (size_t i = 1; i < parts.size(); ++i) {
+      out.n += parts[i].n;
+      out.q.insert(out.q.end(), parts[i].q.begin(), parts[i].q.end());
+      out.scale.insert(out.scale.end(), parts[i].scale.begin(), parts[i].scale.end());
+    }
+    return out;
+  };
+  auto bias = [&](std::initializer_list<const std::string*> names) {
+    std::vector<float> b;
+    for (const std::string* n : names)
+      if (!n->empty() && all.count(*n)) b.insert(b.end(), all.at(*n).values.begin(), all.at(*n).values.end());
+    return b;
+  };
+  for (int l = 0; l < s.n_layers; ++l) {
+    const LayerNames n = NamesForLayer(s, l);
+    const LayerWeights& lw = w->layer(l);
+    QuantizedMatrix qkv = s.fused_qkv ? quant(n.q) : stack({quant(n.q), quant(n.k), quant(n.v)});
+    qkv.bias = bias({&n.q_bias, &n.k_bias, &n.v_bias});
+    EXPECT_TRUE(SameMatrix(lw.qkv, qkv)) << "layer " << l << " qkv";
+    QuantizedMatrix o = quant(n.o);
+    o.bias = bias({&n.o_bias});
+    EXPECT_TRUE(SameMatrix(lw.o, o)) << "layer " << l << " o";
+    QuantizedMatrix gate_up = s.gated_mlp ? stack({quant(n.gate), quant(n.up)}) : quant(n.up);
+    gate_up.bias = bias({&n.up_bias});
+    EXPECT_TRUE(SameMatrix(lw.gate_up, gate_up)) << "layer " << l << " gate_up";
+    QuantizedMatrix down = quant(n.down);
+    down.bias = bias({&n.down_bias});
+    EXPECT_TRUE(SameMatrix(lw.down, down)) << "layer " << l << " down";
+    EXPECT_TRUE(SameBits(lw.attn_norm, all.at(n.attn_norm).values));
+    EXPECT_TRUE(SameBits(lw.mlp_norm, all.at(n.mlp_norm).values));
+  }
+  const HeadNames h = NamesForHead(s);
+  const HeadWeights& head = w->head();
+  EXPECT_TRUE(SameMatrix(head.lm_head, quant(s.tied_embeddings ? h.embed : h.lm_head, false)));
+  EXPECT_TRUE(SameBits(head.final_norm, all.at(h.final_norm).values));
+  if (s.learned_positions) {
+    EXPECT_TRUE(SameBits(head.positions, all.at(h.positions).values));
+  }
+  const std::vector<float>& table = all.at(h.embed).values;
+  ASSERT_EQ(head.embed.rows(), s.vocab);
+  std::vector<float> row(static_cast<size_t>(s.hidden));
+  for (int r = 0; r < s.vocab; ++r) {
+    head.embed.Row(r, row.data());
+    ASSERT_TRUE(SameBits(row, std::span<const float>(table).subspan(static_cast<size_t>(r) * row.size(), row.size())))
+        << "embedding row " << r;
+  }
+}
+
+TEST_F(StreamingLoad, Bf16BitsEqualQuantizingWholeTensors) {
+  ASSERT_NE(wide_bf16_, nullptr);
+  ExpectSameAsWholeTensors(*wide_bf16_);
+  // The embedding is held as the file's BF16 values: 2 bytes each, never widened.
+  const ModelSpec& s = wide_bf16_->info->spec;
+  auto h = StageWeights::Load(*wide_bf16_->source, *wide_bf16_->info, 0, 0, true);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->head().embed.Bytes(), 2u * static_cast<size_t>(s.vocab) * static_cast<size_t>(s.hidden));
+}
+
+TEST_F(StreamingLoad, F32BitsEqualQuantizingWholeTensors) {
+  ASSERT_NE(wide_f32_, nullptr);
+  ExpectSameAsWholeTensors(*wide_f32_);
+}
+
+TEST_F(StreamingLoad, Gpt2Conv1DBitsEqualQuantizingWholeTensors) {
+  ASSERT_NE(gpt2_wide_, nullptr);
+  ExpectSameAsWholeTensors(*gpt2_wide_);
+}
+
+// The ring reads load progress as liveness: Load must tick at least once per tensor, and
+// many times while a big tensor (here the 151936-row embedding, 19 blocks) is converted,
+// not once after it.
+TEST_F(StreamingLoad, ProgressTicksPerTensorAndPerBlock) {
+  ASSERT_NE(wide_bf16_, nullptr);
+  const ModelSpec& s = wide_bf16_->info->spec;
+  const std::vector<std::string> names = StageTensorNames(s, 0, s.n_layers, true);
+  std::vector<uint64_t> ticks;
+  uint64_t total = 0;
+  auto w =
+      StageWeights::Load(*wide_bf16_->source, *wide_bf16_->info, 0, s.n_layers, true, [&](const TransferProgress& p) {
+        ticks.push_back(p.bytes_done);
+        total = p.bytes_total;
+      });
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE(std::is_sorted(ticks.begin(), ticks.end()));
+  ASSERT_FALSE(ticks.empty());
+  EXPECT_EQ(ticks.back(), total);
+  EXPECT_GE(ticks.size(), names.size());
+  // Ticks while the embedding's bytes are consumed: at least one per block of rows.
+  uint64_t first_offset = UINT64_MAX;
+  for (const std::string& n : names) first_offset = std::min(first_offset, wide_bf16_->info->index.Find(n)->offset);
+  const TensorInfo* e = wide_bf16_->info->index.Find(NamesForHead(s).embed);
+  const uint64_t begin = e->offset - first_offset, end = begin + e->bytes;
+  const int64_t rows_per_block = static_cast<int64_t>(kTensorBlockBytes / sizeof(float)) / s.hidden;
+  const int64_t blocks = (s.vocab + rows_per_block - 1) / rows_per_block;
+  ASSERT_GE(blocks, 10);
+  const auto during = std::count_if(ticks.begin(), ticks.end(), [&](uint64_t t) { return t > begin && t <= end; });
+  EXPECT_GE(during, blocks);
 }
 
 }  // namespace

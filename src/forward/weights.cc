@@ -86,27 +86,6 @@ Status CheckShape(std::string_view name, std::span<const int64_t> shape, std::ve
                          " from config.json");
 }
 
-// Appends parts row-wise (per-channel quantization makes this the same as quantizing
-// the stacked f32 matrix) and frees them.
-Result<QuantizedMatrix> Stack(std::vector<QuantizedMatrix*> parts, std::string_view what) {
-  QuantizedMatrix out;
-  out.k = parts[0]->k;
-  size_t rows = 0;
-  for (auto* p : parts) {
-    if (p->k != out.k) return Internal("Bug: " + std::string(what) + ": stacked parts differ in width");
-    rows += static_cast<size_t>(p->n);
-  }
-  out.q.reserve(rows * static_cast<size_t>(out.k));
-  out.scale.reserve(rows);
-  for (auto* p : parts) {
-    out.q.insert(out.q.end(), p->q.begin(), p->q.end());
-    out.scale.insert(out.scale.end(), p->scale.begin(), p->scale.end());
-    out.n += p->n;
-    *p = QuantizedMatrix{};
-  }
-  return out;
-}
-
 }  // namespace
 
 // --- EmbeddingTable -------------------------------------------------------------------
@@ -139,6 +118,34 @@ EmbeddingTable EmbeddingTable::FromF32(std::span<const float> values, int rows, 
   t.dtype_ = DType::kF32;
   t.wide_.assign(values.begin(), values.end());
   return t;
+}
+
+EmbeddingTable EmbeddingTable::Allocate(int rows, int cols, DType dtype) {
+  EmbeddingTable t;
+  t.rows_ = rows;
+  t.cols_ = cols;
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  if (dtype == DType::kBF16 || dtype == DType::kF16) {
+    t.dtype_ = dtype;
+    t.narrow_.resize(n);
+  } else {
+    t.dtype_ = DType::kF32;
+    t.wide_.resize(n);
+  }
+  return t;
+}
+
+void EmbeddingTable::SetRows(int row, int n, std::span<const uint8_t> raw) {
+  const size_t base = static_cast<size_t>(row) * static_cast<size_t>(cols_);
+  const size_t count = static_cast<size_t>(n) * static_cast<size_t>(cols_);
+  const size_t esize = dtype_ == DType::kF32 ? 4 : 2;
+  DAISY_CHECK(row >= 0 && n >= 0 && row + n <= rows_ && raw.size() == count * esize,
+              "Bug: EmbeddingTable::SetRows outside the table or of the wrong width");
+  if (dtype_ == DType::kF32) {
+    std::memcpy(wide_.data() + base, raw.data(), raw.size());  // little-endian host (safetensors.cc)
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) narrow_[base + i] = static_cast<uint16_t>(raw[2 * i] | (raw[2 * i + 1] << 8));
 }
 
 void EmbeddingTable::Row(int r, float* out) const {
@@ -212,8 +219,13 @@ std::vector<float> RopeInverseFrequencies(const ModelSpec& spec) {
 
 // --- StageBuilder ---------------------------------------------------------------------
 
-// Receives a stage's tensors one at a time (any order), keeps each in its resident form
-// at once, and assembles StageWeights at the end. Not thread-safe.
+// Receives a stage's tensors block by block as their bytes arrive (blocks of one tensor
+// in order, tensors in any order) and converts each block at once into its resident form:
+// matrix rows are quantized straight into the (fused) int8 matrix, embedding rows are
+// copied at the file's width. No tensor is ever held whole in f32. The one exception is a
+// Conv1D weight (GPT-2, stored (in, out)): an output row spans every row of the file, so
+// that tensor is kept at the file's width until its last block, then quantized. Not
+// thread-safe.
 class StageBuilder {
  public:
   StageBuilder(const ModelSpec& spec, int first, int end, bool with_head)
@@ -252,58 +264,37 @@ class StageBuilder {
     }
   }
 
-  Status Add(std::string_view name, std::span<const int64_t> shape, DType dtype, std::span<const float> v) {
-    auto it = slots_.find(std::string(name));
-    if (it == slots_.end())
-      return Internal("Bug: tensor " + std::string(name) + " is not one the forward pass knows for layers [" +
-                      std::to_string(first_) + ", " + std::to_string(end_) + ")");
-    if (!seen_.insert(std::string(name)).second) return InvalidArgument(std::string(name) + ": delivered twice");
-    const Slot slot = it->second;
-    const int64_t dim = spec_.hidden, hd = spec_.head_dim, ffn = spec_.intermediate;
-    const int64_t q_rows = spec_.fused_qkv ? (spec_.n_heads + 2 * spec_.n_kv_heads) * hd : spec_.n_heads * hd;
-    const int64_t kv_rows = spec_.n_kv_heads * hd;
-    const int64_t o_cols = spec_.n_heads * hd;
-    if (slot.layer < 0) return AddHead(name, slot.role, shape, dtype, v);
-    Pending& p = pending_[static_cast<size_t>(slot.layer - first_)];
-    switch (slot.role) {
-      case Role::kAttnNorm:
-        return Vector(name, shape, v, dim, p.attn_norm);
-      case Role::kAttnNormBias:
-        return Vector(name, shape, v, dim, p.attn_norm_bias);
-      case Role::kMlpNorm:
-        return Vector(name, shape, v, dim, p.mlp_norm);
-      case Role::kMlpNormBias:
-        return Vector(name, shape, v, dim, p.mlp_norm_bias);
-      case Role::kQBias:
-        return Vector(name, shape, v, q_rows, p.q_bias);
-      case Role::kKBias:
-        return Vector(name, shape, v, kv_rows, p.k_bias);
-      case Role::kVBias:
-        return Vector(name, shape, v, kv_rows, p.v_bias);
-      case Role::kOBias:
-        return Vector(name, shape, v, dim, p.o_bias);
-      case Role::kUpBias:
-        return Vector(name, shape, v, ffn, p.up_bias);
-      case Role::kDownBias:
-        return Vector(name, shape, v, dim, p.down_bias);
-      case Role::kQ:
-        return Matrix(name, shape, v, q_rows, dim, spec_.layout, p.q);
-      case Role::kK:
-        return Matrix(name, shape, v, kv_rows, dim, spec_.layout, p.k);
-      case Role::kV:
-        return Matrix(name, shape, v, kv_rows, dim, spec_.layout, p.v);
-      case Role::kO:
-        return Matrix(name, shape, v, dim, o_cols, spec_.layout, p.o);
-      case Role::kGate:
-        return Matrix(name, shape, v, ffn, dim, spec_.layout, p.gate);
-      case Role::kUp:
-        return Matrix(name, shape, v, ffn, dim, spec_.layout, p.up);
-      case Role::kDown:
-        return Matrix(name, shape, v, dim, ffn, spec_.layout, p.down);
-      default:
+  // The next block of a tensor: the first block says where the tensor goes (and checks its
+  // shape), every block is converted at once, the last one completes the tensor.
+  Status Add(const TensorBlock& b) {
+    const std::string& name = b.info->name;
+    if (b.first()) {
+      DAISY_RETURN_IF_ERROR(Start(*b.info));
+    } else if (cur_.name != name) {
+      return Internal("Bug: a block of " + name + " arrived while " + cur_.name + " was being received");
+    }
+    switch (cur_.kind) {
+      case Kind::kVector:
+        if (ops::FirstNonFinite(b.values.data(), static_cast<int64_t>(b.values.size())) >= 0)
+          return InvalidArgument(name + ": non-finite value");
+        cur_.vector->insert(cur_.vector->end(), b.values.begin(), b.values.end());
+        break;
+      case Kind::kRows:
+        DAISY_RETURN_IF_ERROR(QuantizeRows(b.values.data(), b.row_begin, b.n_rows));
+        break;
+      case Kind::kStaged:
+        cur_.staged.insert(cur_.staged.end(), b.raw.begin(), b.raw.end());
+        break;
+      case Kind::kEmbed:
+        if (ops::FirstNonFinite(b.values.data(), static_cast<int64_t>(b.values.size())) >= 0)
+          return InvalidArgument(name + ": non-finite value");
+        head_.embed.SetRows(static_cast<int>(b.row_begin), static_cast<int>(b.n_rows), b.raw);
+        // Tied: the LM head multiplies by the int8 copy; the lookup reads exact rows.
+        if (cur_.matrix != nullptr) DAISY_RETURN_IF_ERROR(QuantizeRows(b.values.data(), b.row_begin, b.n_rows));
         break;
     }
-    return Internal("Bug: head role on a layer tensor");
+    if (b.last()) return Complete();
+    return Status::Ok();
   }
 
   Result<StageWeights> Finish() {
@@ -328,15 +319,15 @@ class StageBuilder {
       if (layer_norm && p.attn_norm_bias.empty()) return missing(n.attn_norm_bias);
       lw.attn_norm = std::move(p.attn_norm);
       lw.attn_norm_bias = std::move(p.attn_norm_bias);
-      // q, k, v as one product (q rows, then k, then v)
-      if (!p.q) return missing(n.q);
+      // q, k, v as one product (q rows, then k, then v), quantized in place as they came
+      if (!p.has(Role::kQ)) return missing(n.q);
       if (spec_.fused_qkv) {
-        lw.qkv = std::move(*p.q);
+        lw.qkv = std::move(p.qkv);
         lw.qkv.bias = std::move(p.q_bias);
       } else {
-        if (!p.k) return missing(n.k);
-        if (!p.v) return missing(n.v);
-        DAISY_ASSIGN_OR_RETURN(lw.qkv, Stack({&*p.q, &*p.k, &*p.v}, n.q));
+        if (!p.has(Role::kK)) return missing(n.k);
+        if (!p.has(Role::kV)) return missing(n.v);
+        lw.qkv = std::move(p.qkv);
         const int n_bias = !p.q_bias.empty() + !p.k_bias.empty() + !p.v_bias.empty();
         if (n_bias != 0 && n_bias != 3)
           return missing(p.q_bias.empty() ? n.q_bias : p.k_bias.empty() ? n.k_bias : n.v_bias);
@@ -347,8 +338,8 @@ class StageBuilder {
         }
       }
       // output projection
-      if (!p.o) return missing(n.o);
-      lw.o = std::move(*p.o);
+      if (!p.has(Role::kO)) return missing(n.o);
+      lw.o = std::move(p.o);
       lw.o.bias = std::move(p.o_bias);
       // MLP norm
       if (p.mlp_norm.empty()) return missing(n.mlp_norm);
@@ -356,18 +347,18 @@ class StageBuilder {
       lw.mlp_norm = std::move(p.mlp_norm);
       lw.mlp_norm_bias = std::move(p.mlp_norm_bias);
       // gate | up as one product
-      if (!p.up) return missing(n.up);
+      if (!p.has(Role::kUp)) return missing(n.up);
       if (spec_.gated_mlp) {
-        if (!p.gate) return missing(n.gate);
+        if (!p.has(Role::kGate)) return missing(n.gate);
         if (!p.up_bias.empty())
           return Unimplemented("layer " + std::to_string(l) + ": a bias on a gated MLP (" + n.up_bias + ")");
-        DAISY_ASSIGN_OR_RETURN(lw.gate_up, Stack({&*p.gate, &*p.up}, n.gate));
+        lw.gate_up = std::move(p.gate_up);
       } else {
-        lw.gate_up = std::move(*p.up);
+        lw.gate_up = std::move(p.gate_up);
         lw.gate_up.bias = std::move(p.up_bias);
       }
-      if (!p.down) return missing(n.down);
-      lw.down = std::move(*p.down);
+      if (!p.has(Role::kDown)) return missing(n.down);
+      lw.down = std::move(p.down);
       lw.down.bias = std::move(p.down_bias);
       // Every bias must have all the values for all the rows.
       for (const auto* m : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down})
@@ -381,11 +372,12 @@ class StageBuilder {
       auto missing = [&](const std::string& name) {
         return InvalidArgument("head: tensor " + (name.empty() ? std::string("(unnamed)") : name) + " missing");
       };
-      if (head_.embed.rows() == 0) return missing(n.embed);
+      if (!head_done_.count(Role::kEmbed)) return missing(n.embed);
       if (spec_.learned_positions && head_.positions.empty()) return missing(n.positions);
       if (head_.final_norm.empty()) return missing(n.final_norm);
       if (layer_norm && head_.final_norm_bias.empty()) return missing(n.final_norm_bias);
-      if (head_.lm_head.n == 0) return missing(spec_.tied_embeddings ? n.embed : n.lm_head);
+      if (!head_done_.count(spec_.tied_embeddings ? Role::kEmbed : Role::kLmHead))
+        return missing(spec_.tied_embeddings ? n.embed : n.lm_head);
       w.head_ = std::make_unique<HeadWeights>(std::move(head_));
     }
     return w;
@@ -394,75 +386,208 @@ class StageBuilder {
  private:
   struct Pending {
     std::vector<float> attn_norm, attn_norm_bias, mlp_norm, mlp_norm_bias;
-    std::optional<QuantizedMatrix> q, k, v, o, gate, up, down;
+    // Allocated whole when their first part arrives, then filled part by part.
+    QuantizedMatrix qkv, o, gate_up, down;
+    std::set<Role> done;  // matrix parts received in full
     std::vector<float> q_bias, k_bias, v_bias, o_bias, up_bias, down_bias;
+    bool has(Role r) const { return done.count(r) > 0; }
   };
 
-  static Status Vector(std::string_view name, std::span<const int64_t> shape, std::span<const float> v, int64_t n,
-                       std::vector<float>& out) {
-    DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {n}));
-    if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0)
-      return InvalidArgument(std::string(name) + ": non-finite value");
-    out.assign(v.begin(), v.end());
-    return Status::Ok();
-  }
+  // Where the tensor being received goes.
+  enum class Kind : uint8_t { kVector, kRows, kStaged, kEmbed };
+  struct Current {
+    std::string name;
+    Slot slot;
+    Kind kind = Kind::kVector;
+    std::vector<float>* vector = nullptr;  // kVector
+    int64_t vector_size = 0;
+    QuantizedMatrix* matrix = nullptr;  // kRows, kStaged, kEmbed when tied
+    int64_t row_offset = 0;             // of this part in the (fused) matrix
+    int64_t rows = 0, cols = 0;         // of this part, as y = W x
+    DType dtype = DType::kF32;          // kStaged
+    std::vector<uint8_t> staged;        // kStaged: the file's bytes, (cols, rows)
+  };
 
-  // A weight used as y = W x with W (rows, cols); stored (rows, cols) for nn.Linear or
-  // (cols, rows) for Conv1D, which is transposed here, before quantizing.
-  static Status Matrix(std::string_view name, std::span<const int64_t> shape, std::span<const float> v, int64_t rows,
-                       int64_t cols, WeightLayout layout, std::optional<QuantizedMatrix>& out) {
-    std::vector<float> transposed;
-    if (layout == WeightLayout::kInOut) {
-      DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {cols, rows}));
-      transposed.resize(v.size());
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c)
-          transposed[static_cast<size_t>(r * cols + c)] = v[static_cast<size_t>(c * rows + r)];
-      v = transposed;
-    } else {
-      DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {rows, cols}));
-    }
-    DAISY_ASSIGN_OR_RETURN(out, kernels::QuantizeMatrix(v, static_cast<int>(rows), static_cast<int>(cols), {}, name));
-    return Status::Ok();
-  }
-
-  Status AddHead(std::string_view name, Role role, std::span<const int64_t> shape, DType dtype,
-                 std::span<const float> v) {
-    const int64_t dim = spec_.hidden, vocab = spec_.vocab;
-    switch (role) {
-      case Role::kEmbed: {
-        DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {vocab, dim}));
-        if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0)
-          return InvalidArgument(std::string(name) + ": non-finite value");
-        // Tied: the LM head multiplies by the int8 copy; the lookup reads exact rows.
-        if (spec_.tied_embeddings) {
-          DAISY_ASSIGN_OR_RETURN(head_.lm_head,
-                                 kernels::QuantizeMatrix(v, static_cast<int>(vocab), static_cast<int>(dim), {}, name));
+  // Checks the shape of the tensor about to arrive and prepares its destination.
+  Status Start(const TensorInfo& t) {
+    const std::string& name = t.name;
+    auto it = slots_.find(name);
+    if (it == slots_.end())
+      return Internal("Bug: tensor " + name + " is not one the forward pass knows for layers [" +
+                      std::to_string(first_) + ", " + std::to_string(end_) + ")");
+    if (!seen_.insert(name).second) return InvalidArgument(name + ": delivered twice");
+    cur_ = Current{};
+    cur_.name = name;
+    cur_.slot = it->second;
+    const int64_t dim = spec_.hidden, hd = spec_.head_dim, ffn = spec_.intermediate, vocab = spec_.vocab;
+    const int64_t q_rows = spec_.fused_qkv ? (spec_.n_heads + 2 * spec_.n_kv_heads) * hd : spec_.n_heads * hd;
+    const int64_t kv_rows = spec_.n_kv_heads * hd;
+    const int64_t o_cols = spec_.n_heads * hd;
+    const int64_t qkv_rows = spec_.fused_qkv ? q_rows : q_rows + 2 * kv_rows;
+    const int64_t gate_up_rows = spec_.gated_mlp ? 2 * ffn : ffn;
+    if (cur_.slot.layer < 0) {
+      switch (cur_.slot.role) {
+        case Role::kEmbed: {
+          DAISY_RETURN_IF_ERROR(CheckShape(name, t.shape, {vocab, dim}));
+          if (spec_.tied_embeddings)
+            DAISY_RETURN_IF_ERROR(Part(t, &head_.lm_head, 0, vocab, dim, vocab, WeightLayout::kOutIn));
+          cur_.kind = Kind::kEmbed;
+          // Held at the file's width: BF16 and F16 rows are kept as the file's 2-byte values.
+          head_.embed = EmbeddingTable::Allocate(static_cast<int>(vocab), static_cast<int>(dim), t.dtype);
+          return Status::Ok();
         }
-        head_.embed = EmbeddingTable::FromF32(v, static_cast<int>(vocab), static_cast<int>(dim), dtype);
-        return Status::Ok();
+        case Role::kPositions:
+          return Vector(t, static_cast<int64_t>(spec_.max_positions) * dim, head_.positions,
+                        {static_cast<int64_t>(spec_.max_positions), dim});
+        case Role::kFinalNorm:
+          return Vector(t, dim, head_.final_norm);
+        case Role::kFinalNormBias:
+          return Vector(t, dim, head_.final_norm_bias);
+        case Role::kLmHead:  // nn.Linear (vocab, hidden) in every family
+          return Part(t, &head_.lm_head, 0, vocab, dim, vocab, WeightLayout::kOutIn);
+        default:
+          return Internal("Bug: layer role on a head tensor");
       }
-      case Role::kPositions: {
-        DAISY_RETURN_IF_ERROR(CheckShape(name, shape, {static_cast<int64_t>(spec_.max_positions), dim}));
-        if (ops::FirstNonFinite(v.data(), static_cast<int64_t>(v.size())) >= 0)
-          return InvalidArgument(std::string(name) + ": non-finite value");
-        head_.positions.assign(v.begin(), v.end());
-        return Status::Ok();
-      }
-      case Role::kFinalNorm:
-        return Vector(name, shape, v, dim, head_.final_norm);
-      case Role::kFinalNormBias:
-        return Vector(name, shape, v, dim, head_.final_norm_bias);
-      case Role::kLmHead: {
-        // nn.Linear (vocab, hidden) in every family.
-        std::optional<QuantizedMatrix> m;
-        DAISY_RETURN_IF_ERROR(Matrix(name, shape, v, vocab, dim, WeightLayout::kOutIn, m));
-        head_.lm_head = std::move(*m);
-        return Status::Ok();
-      }
-      default:
-        return Internal("Bug: layer role on a head tensor");
     }
+    Pending& p = pending_[static_cast<size_t>(cur_.slot.layer - first_)];
+    switch (cur_.slot.role) {
+      case Role::kAttnNorm:
+        return Vector(t, dim, p.attn_norm);
+      case Role::kAttnNormBias:
+        return Vector(t, dim, p.attn_norm_bias);
+      case Role::kMlpNorm:
+        return Vector(t, dim, p.mlp_norm);
+      case Role::kMlpNormBias:
+        return Vector(t, dim, p.mlp_norm_bias);
+      case Role::kQBias:
+        return Vector(t, q_rows, p.q_bias);
+      case Role::kKBias:
+        return Vector(t, kv_rows, p.k_bias);
+      case Role::kVBias:
+        return Vector(t, kv_rows, p.v_bias);
+      case Role::kOBias:
+        return Vector(t, dim, p.o_bias);
+      case Role::kUpBias:
+        return Vector(t, ffn, p.up_bias);
+      case Role::kDownBias:
+        return Vector(t, dim, p.down_bias);
+      // Stacking rows is exact: quantization is per output row.
+      case Role::kQ:
+        return Part(t, &p.qkv, 0, q_rows, dim, qkv_rows, spec_.layout);
+      case Role::kK:
+        return Part(t, &p.qkv, q_rows, kv_rows, dim, qkv_rows, spec_.layout);
+      case Role::kV:
+        return Part(t, &p.qkv, q_rows + kv_rows, kv_rows, dim, qkv_rows, spec_.layout);
+      case Role::kO:
+        return Part(t, &p.o, 0, dim, o_cols, dim, spec_.layout);
+      case Role::kGate:
+        return Part(t, &p.gate_up, 0, ffn, dim, gate_up_rows, spec_.layout);
+      case Role::kUp:
+        return Part(t, &p.gate_up, spec_.gated_mlp ? ffn : 0, ffn, dim, gate_up_rows, spec_.layout);
+      case Role::kDown:
+        return Part(t, &p.down, 0, dim, ffn, dim, spec_.layout);
+      default:
+        break;
+    }
+    return Internal("Bug: head role on a layer tensor");
+  }
+
+  Status Vector(const TensorInfo& t, int64_t n, std::vector<float>& out, std::vector<int64_t> shape = {}) {
+    DAISY_RETURN_IF_ERROR(CheckShape(t.name, t.shape, shape.empty() ? std::vector<int64_t>{n} : std::move(shape)));
+    cur_.kind = Kind::kVector;
+    cur_.vector = &out;
+    cur_.vector_size = n;
+    out.clear();
+    out.reserve(static_cast<size_t>(n));
+    return Status::Ok();
+  }
+
+  // Rows [offset, offset + rows) of `m` (total_rows, cols), a weight used as y = W x,
+  // stored (rows, cols) for nn.Linear or (cols, rows) for Conv1D. `m` is allocated when
+  // its first part arrives.
+  Status Part(const TensorInfo& t, QuantizedMatrix* m, int64_t offset, int64_t rows, int64_t cols, int64_t total_rows,
+              WeightLayout layout) {
+    const bool in_out = layout == WeightLayout::kInOut;
+    DAISY_RETURN_IF_ERROR(
+        CheckShape(t.name, t.shape, in_out ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols}));
+    // QuantizeMatrix's refusals, made before any row is converted.
+    if (rows <= 0 || cols <= 0) return InvalidArgument(t.name + ": empty matrix");
+    if (cols > kernels::kMaxK)
+      return Unimplemented(t.name + ": reduction length " + std::to_string(cols) +
+                           " exceeds the int8 unit's limit of " + std::to_string(kernels::kMaxK));
+    if (m->n == 0) {
+      m->n = static_cast<int>(total_rows);
+      m->k = static_cast<int>(cols);
+      m->q.assign(static_cast<size_t>(total_rows) * static_cast<size_t>(cols), 0);
+      m->scale.assign(static_cast<size_t>(total_rows), 0.0f);
+    } else if (m->k != cols || m->n != total_rows) {
+      return Internal("Bug: " + t.name + ": stacked parts differ in shape");
+    }
+    cur_.kind = in_out ? Kind::kStaged : Kind::kRows;
+    cur_.matrix = m;
+    cur_.row_offset = offset;
+    cur_.rows = rows;
+    cur_.cols = cols;
+    cur_.dtype = t.dtype;
+    if (in_out) cur_.staged.reserve(static_cast<size_t>(t.bytes));
+    return Status::Ok();
+  }
+
+  // Quantizes rows [row, row + n) of the current part (x: n rows of cols f32) into place,
+  // exactly as QuantizeMatrix would (one QuantizeRow per output row).
+  Status QuantizeRows(const float* x, int64_t row, int64_t n) {
+    QuantizedMatrix& m = *cur_.matrix;
+    const size_t k = static_cast<size_t>(cur_.cols);
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t r = static_cast<size_t>(cur_.row_offset + row + i);
+      if (!kernels::QuantizeRow(x + static_cast<size_t>(i) * k, static_cast<int>(k), m.q.data() + r * k, &m.scale[r]))
+        return InvalidArgument(cur_.name + ": non-finite weight in row " + std::to_string(row + i));
+    }
+    return Status::Ok();
+  }
+
+  // The last block of the current tensor has arrived.
+  Status Complete() {
+    switch (cur_.kind) {
+      case Kind::kVector:
+        if (static_cast<int64_t>(cur_.vector->size()) != cur_.vector_size)
+          return Internal("Bug: " + cur_.name + ": " + std::to_string(cur_.vector->size()) + " values delivered");
+        break;
+      case Kind::kStaged:
+        DAISY_RETURN_IF_ERROR(QuantizeStaged());
+        break;
+      default:
+        break;
+    }
+    if (cur_.slot.layer < 0)
+      head_done_.insert(cur_.slot.role);
+    else
+      pending_[static_cast<size_t>(cur_.slot.layer - first_)].done.insert(cur_.slot.role);
+    cur_ = Current{};  // frees a staged Conv1D tensor
+    return Status::Ok();
+  }
+
+  // A Conv1D weight, staged (cols, rows) at the file's width: output rows are gathered a
+  // bounded block at a time, widened to f32 (exact) and quantized as rows.
+  Status QuantizeStaged() {
+    const int64_t rows = cur_.rows, cols = cur_.cols;
+    const size_t esize = DTypeSize(cur_.dtype);
+    if (cur_.staged.size() != static_cast<size_t>(rows * cols) * esize)
+      return Internal("Bug: " + cur_.name + ": staged bytes do not match its shape");
+    const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kTensorBlockBytes / sizeof(float)) / cols);
+    std::vector<float> x, line;
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+      const int64_t n = std::min(block, rows - r0);
+      x.resize(static_cast<size_t>(n * cols));
+      line.resize(static_cast<size_t>(n));
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t* src = cur_.staged.data() + static_cast<size_t>(c * rows + r0) * esize;
+        DAISY_RETURN_IF_ERROR(WidenToF32(cur_.dtype, {src, static_cast<size_t>(n) * esize}, line));
+        for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i * cols + c)] = line[static_cast<size_t>(i)];
+      }
+      DAISY_RETURN_IF_ERROR(QuantizeRows(x.data(), r0, n));
+    }
+    return Status::Ok();
   }
 
   const ModelSpec& spec_;
@@ -472,6 +597,8 @@ class StageBuilder {
   std::set<std::string, std::less<>> seen_;
   std::vector<Pending> pending_;
   HeadWeights head_;
+  std::set<Role> head_done_;  // head tensors received in full
+  Current cur_;
 };
 
 namespace {
@@ -490,10 +617,8 @@ Result<StageWeights> StageWeights::Load(ModelSource& source, const ModelInfo& in
   DAISY_RETURN_IF_ERROR(CheckRange(info.spec, first, end));
   const std::vector<std::string> names = StageTensorNames(info.spec, first, end, with_head);
   StageBuilder builder(info.spec, first, end, with_head);
-  DAISY_RETURN_IF_ERROR(FetchTensors(
-      source, info.index, names,
-      [&](const TensorInfo& t, std::span<const float> values) { return builder.Add(t.name, t.shape, t.dtype, values); },
-      progress));
+  DAISY_RETURN_IF_ERROR(FetchTensorBlocks(
+      source, info.index, names, [&](const TensorBlock& b) { return builder.Add(b); }, progress));
   return builder.Finish();
 }
 
@@ -509,7 +634,20 @@ Result<StageWeights> StageWeights::FromTensors(const ModelSpec& spec, const Host
     if (elements != static_cast<int64_t>(it->second.values.size()))
       return InvalidArgument(name + ": " + std::to_string(it->second.values.size()) + " values for shape " +
                              ShapeString(it->second.shape));
-    DAISY_RETURN_IF_ERROR(builder.Add(name, it->second.shape, DType::kF32, it->second.values));
+    // One block holding the whole tensor, as if read from an F32 file.
+    TensorInfo t;
+    t.name = name;
+    t.shape = it->second.shape;
+    t.bytes = static_cast<uint64_t>(elements) * sizeof(float);
+    TensorBlock b;
+    b.info = &t;
+    b.rows = t.shape.empty() ? 1 : t.shape[0];
+    b.row_elements = 1;
+    for (size_t i = 1; i < t.shape.size(); ++i) b.row_elements *= t.shape[i];
+    b.n_rows = b.rows;
+    b.values = it->second.values;
+    b.raw = {reinterpret_cast<const uint8_t*>(b.values.data()), static_cast<size_t>(t.bytes)};
+    DAISY_RETURN_IF_ERROR(builder.Add(b));
   }
   return builder.Finish();
 }

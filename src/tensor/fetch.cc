@@ -28,8 +28,80 @@ std::vector<ByteRange> CoalesceRanges(std::vector<ByteRange> ranges, uint64_t ma
   return out;
 }
 
-Status FetchTensors(ModelSource& source, const TensorIndex& index, const std::vector<std::string>& names,
-                    const TensorSink& sink, const ProgressFn& progress, uint64_t max_gap) {
+namespace {
+
+// Collects the bytes of one tensor into blocks of whole rows and hands each block on,
+// widened to f32. Its two buffers are reused from block to block and tensor to tensor, so
+// they never grow past one block. Not thread-safe.
+class BlockAssembler {
+ public:
+  explicit BlockAssembler(const TensorBlockSink& sink) : sink_(sink) {}
+
+  void Begin(const TensorInfo& t) {
+    info_ = &t;
+    rows_ = t.shape.empty() ? 1 : t.shape[0];
+    row_elements_ = 1;
+    for (size_t i = 1; i < t.shape.size(); ++i) row_elements_ *= t.shape[i];
+    row_bytes_ = static_cast<size_t>(row_elements_) * DTypeSize(t.dtype);
+    const int64_t per_block =
+        static_cast<int64_t>(kTensorBlockBytes / sizeof(float)) / std::max<int64_t>(row_elements_, 1);
+    block_rows_ = std::max<int64_t>(1, std::min(per_block, rows_));
+    row_begin_ = 0;
+    filled_ = 0;
+  }
+  // Bytes still needed to complete the current block.
+  size_t Room() const { return BlockRows() * row_bytes_ - filled_; }
+  void Append(std::span<const uint8_t> bytes) {
+    const size_t want = BlockRows() * row_bytes_;
+    if (raw_.size() < want) raw_.resize(want);
+    std::memcpy(raw_.data() + filled_, bytes.data(), bytes.size());
+    filled_ += bytes.size();
+  }
+  // Hands the completed block on; true when it was the tensor's last.
+  Result<bool> Deliver() {
+    const size_t n_rows = BlockRows();
+    values_.resize(n_rows * static_cast<size_t>(row_elements_));
+    const std::span<const uint8_t> raw(raw_.data(), filled_);
+    DAISY_RETURN_IF_ERROR(WidenToF32(info_->dtype, raw, values_));
+    TensorBlock b;
+    b.info = info_;
+    b.rows = rows_;
+    b.row_elements = row_elements_;
+    b.row_begin = row_begin_;
+    b.n_rows = static_cast<int64_t>(n_rows);
+    b.raw = raw;
+    b.values = values_;
+    DAISY_RETURN_IF_ERROR(sink_(b));
+    row_begin_ += static_cast<int64_t>(n_rows);
+    filled_ = 0;
+    return row_begin_ == rows_;
+  }
+  // A tensor without bytes: one empty block.
+  Status DeliverEmpty(const TensorInfo& t) {
+    Begin(t);
+    TensorBlock b;
+    b.info = &t;
+    b.rows = rows_;
+    b.row_elements = row_elements_;
+    b.n_rows = rows_;  // no bytes: zero rows, or rows of zero elements
+    return sink_(b);
+  }
+
+ private:
+  size_t BlockRows() const { return static_cast<size_t>(std::min(block_rows_, rows_ - row_begin_)); }
+  const TensorBlockSink& sink_;
+  const TensorInfo* info_ = nullptr;
+  int64_t rows_ = 0, row_elements_ = 0, block_rows_ = 1, row_begin_ = 0;
+  size_t row_bytes_ = 0;
+  size_t filled_ = 0;
+  std::vector<uint8_t> raw_;   // (block rows, row_bytes) of the file's bytes
+  std::vector<float> values_;  // (block rows, row_elements)
+};
+
+}  // namespace
+
+Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const std::vector<std::string>& names,
+                         const TensorBlockSink& sink, const ProgressFn& progress, uint64_t max_gap) {
   // Resolve and validate every tensor before the first byte is requested.
   std::vector<const TensorInfo*> infos;
   for (const auto& n : names) {
@@ -61,14 +133,21 @@ Status FetchTensors(ModelSource& source, const TensorIndex& index, const std::ve
   TransferProgress prog;
   for (const auto& r : plan) prog.bytes_total += r.length;
   const auto start = std::chrono::steady_clock::now();
-  auto report = [&] {
-    if (!progress) return;
+  bool reported = false;
+  // Reports bytes consumed so far; the same count twice in a row is said once.
+  auto report = [&](uint64_t done) {
+    if (!progress || (reported && done == prog.bytes_done)) return;
+    reported = true;
+    prog.bytes_done = done;
     prog.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     progress(prog);
   };
-  report();
+  report(0);
 
+  BlockAssembler blocks(sink);
   size_t next = 0;  // next tensor (in infos order) to complete
+  bool started = false;     // whether infos[next]'s first byte has been taken
+  uint64_t range_base = 0;  // bytes of the plan before the current range
   std::map<std::string, std::unique_ptr<ByteSource>> open;
   for (const auto& r : plan) {
     auto& file = open[r.file];
@@ -76,8 +155,6 @@ Status FetchTensors(ModelSource& source, const TensorIndex& index, const std::ve
       DAISY_ASSIGN_OR_RETURN(file, source.OpenFile(r.file));
     }
     uint64_t pos = r.offset;  // absolute file offset of the next byte to arrive
-    std::vector<uint8_t> buf;  // bytes of the tensor being assembled
-    std::vector<float> values;
     Status st = file->ReadStream(r.offset, r.length, [&](std::span<const uint8_t> chunk) -> Status {
       size_t used = 0;
       while (used < chunk.size()) {
@@ -87,8 +164,7 @@ Status FetchTensors(ModelSource& source, const TensorIndex& index, const std::ve
         }
         const TensorInfo& t = *infos[next];
         if (t.bytes == 0) {  // nothing to wait for
-          values.clear();
-          DAISY_RETURN_IF_ERROR(sink(t, values));
+          DAISY_RETURN_IF_ERROR(blocks.DeliverEmpty(t));
           ++next;
           continue;
         }
@@ -97,35 +173,48 @@ Status FetchTensors(ModelSource& source, const TensorIndex& index, const std::ve
           used += static_cast<size_t>(std::min<uint64_t>(t.offset - here, chunk.size() - used));
           continue;
         }
-        const uint64_t have = here - t.offset;
-        const size_t take = static_cast<size_t>(std::min<uint64_t>(t.bytes - have, chunk.size() - used));
-        if (have == 0) buf.clear(), buf.reserve(static_cast<size_t>(t.bytes));
-        buf.insert(buf.end(), chunk.begin() + static_cast<std::ptrdiff_t>(used),
-                   chunk.begin() + static_cast<std::ptrdiff_t>(used + take));
+        if (!started) blocks.Begin(t), started = true;
+        const size_t take = std::min(blocks.Room(), chunk.size() - used);
+        blocks.Append(chunk.subspan(used, take));
         used += take;
-        if (buf.size() == t.bytes) {
-          values.assign(static_cast<size_t>(t.Elements()), 0.0f);
-          DAISY_RETURN_IF_ERROR(WidenToF32(t.dtype, buf, values));
-          DAISY_RETURN_IF_ERROR(sink(t, values));
-          buf.clear();
-          buf.shrink_to_fit();
-          ++next;
+        if (blocks.Room() == 0) {
+          DAISY_ASSIGN_OR_RETURN(const bool done, blocks.Deliver());
+          if (done) ++next, started = false;
+          report(range_base + (pos + used - r.offset));
         }
       }
       pos += chunk.size();
-      prog.bytes_done += chunk.size();
-      report();
+      report(range_base + (pos - r.offset));
       return Status::Ok();
     });
     if (!st.ok()) return st.WithContext("fetching " + r.file + " bytes " + std::to_string(r.offset) + ".." + std::to_string(r.offset + r.length));
+    range_base += r.length;
   }
   // Zero-byte tensors not covered by any range.
   while (next < infos.size()) {
     if (infos[next]->bytes != 0) return Internal("Bug: tensor '" + infos[next]->name + "' was not delivered");
-    DAISY_RETURN_IF_ERROR(sink(*infos[next], {}));
+    DAISY_RETURN_IF_ERROR(blocks.DeliverEmpty(*infos[next]));
     ++next;
   }
   return Status::Ok();
+}
+
+Status FetchTensors(ModelSource& source, const TensorIndex& index, const std::vector<std::string>& names,
+                    const TensorSink& sink, const ProgressFn& progress, uint64_t max_gap) {
+  std::vector<float> values;
+  return FetchTensorBlocks(
+      source, index, names,
+      [&](const TensorBlock& b) -> Status {
+        if (b.first()) values.assign(static_cast<size_t>(b.info->Elements()), 0.0f);
+        std::copy(b.values.begin(), b.values.end(),
+                  values.begin() + static_cast<std::ptrdiff_t>(b.row_begin * b.row_elements));
+        if (!b.last()) return Status::Ok();
+        DAISY_RETURN_IF_ERROR(sink(*b.info, values));
+        values.clear();
+        values.shrink_to_fit();
+        return Status::Ok();
+      },
+      progress, max_gap);
 }
 
 }  // namespace daisy

@@ -1,14 +1,17 @@
-#include <gtest/gtest.h>
+#include "daisy/safetensors.h"
 
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-
-#include "daisy/safetensors.h"
 
 namespace daisy {
 namespace {
@@ -277,6 +280,84 @@ TEST(FetchTensors, DeliversEveryTensorOfTheBundledModelInOrder) {
   EXPECT_EQ(src.reads, 1);
   EXPECT_EQ(last.bytes_done, last.bytes_total);
   EXPECT_EQ(last.bytes_total, 260032u * 4);
+}
+
+// Blocks of whole rows, in order, each at most kTensorBlockBytes of f32, raw bytes and
+// widened values side by side; a tensor without bytes comes as one empty block; progress
+// ticks at every block.
+TEST(FetchTensorBlocks, HandsOverBoundedBlocksOfWholeRows) {
+  auto dir = fs::temp_directory_path() / ("daisy_blocks_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // big: BF16 (3000, 700): 1497 rows per 4 MiB block of f32, so blocks of 1497, 1497, 6.
+  const int64_t big_rows = 3000, big_cols = 700;
+  const uint64_t big_bytes = static_cast<uint64_t>(big_rows * big_cols) * 2;
+  nlohmann::json h = nlohmann::json::object();
+  h["big"] = {{"dtype", "BF16"}, {"shape", {big_rows, big_cols}}, {"data_offsets", {0, big_bytes}}};
+  h["vec"] = {{"dtype", "F32"}, {"shape", {5}}, {"data_offsets", {big_bytes, big_bytes + 20}}};
+  h["none"] = {{"dtype", "F16"}, {"shape", {0, 4}}, {"data_offsets", {big_bytes + 20, big_bytes + 20}}};
+  h["one"] = {{"dtype", "F16"}, {"shape", nlohmann::json::array()}, {"data_offsets", {big_bytes + 20, big_bytes + 22}}};
+  std::string bytes = FileBytes(h.dump(), 0);
+  for (uint64_t i = 0; i < big_bytes / 2; ++i) {
+    const uint16_t bits = static_cast<uint16_t>(i * 2654435761u >> 7);  // every pattern, NaNs included
+    bytes.push_back(static_cast<char>(bits & 0xff));
+    bytes.push_back(static_cast<char>(bits >> 8));
+  }
+  for (int i = 0; i < 5; ++i) {
+    const float v = 0.5f + static_cast<float>(i);
+    bytes.append(reinterpret_cast<const char*>(&v), 4);
+  }
+  bytes += std::string("\x00\x3c", 2);  // F16 1.0
+  std::ofstream(dir / "model.safetensors", std::ios::binary) << bytes;
+
+  CountingSource src(dir.string());
+  auto index = TensorIndex::Load(src);
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  src.reads = 0;
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> blocks;  // name -> (row_begin, n_rows)
+  std::vector<float> big(static_cast<size_t>(big_rows * big_cols));
+  std::vector<uint64_t> ticks;
+  const Status st = FetchTensorBlocks(
+      src, *index, {"vec", "big", "one", "none"},
+      [&](const TensorBlock& b) -> Status {
+        auto& seen = blocks[b.info->name];
+        const int64_t expect_begin = seen.empty() ? 0 : seen.back().first + seen.back().second;
+        EXPECT_EQ(b.row_begin, expect_begin) << b.info->name;
+        seen.emplace_back(b.row_begin, b.n_rows);
+        EXPECT_EQ(b.values.size(), static_cast<size_t>(b.n_rows * b.row_elements));
+        EXPECT_EQ(b.raw.size(), b.values.size() * DTypeSize(b.info->dtype));
+        EXPECT_TRUE(b.n_rows <= 1 || b.values.size() * sizeof(float) <= kTensorBlockBytes) << b.n_rows;
+        std::vector<float> widened(b.values.size());
+        EXPECT_TRUE(WidenToF32(b.info->dtype, b.raw, widened).ok());
+        EXPECT_EQ(std::memcmp(widened.data(), b.values.data(), widened.size() * 4), 0);
+        if (b.info->name == "big")
+          std::copy(b.values.begin(), b.values.end(), big.begin() + b.row_begin * b.row_elements);
+        if (b.info->name == "vec") {
+          EXPECT_EQ(b.values[4], 4.5f);
+        }
+        if (b.info->name == "one") {
+          EXPECT_EQ(b.values[0], 1.0f);
+        }
+        return Status::Ok();
+      },
+      [&](const TransferProgress& p) { ticks.push_back(p.bytes_done); });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(src.reads, 1);
+  using Blocks = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(blocks["big"], (Blocks{{0, 1497}, {1497, 1497}, {2994, 6}}));
+  EXPECT_EQ(blocks["vec"], (Blocks{{0, 5}}));
+  EXPECT_EQ(blocks["none"], (Blocks{{0, 0}}));
+  EXPECT_EQ(blocks["one"], (Blocks{{0, 1}}));
+  for (size_t i = 0; i < big.size(); ++i) {
+    const uint16_t bits = static_cast<uint16_t>(i * 2654435761u >> 7);
+    ASSERT_EQ(std::bit_cast<uint32_t>(big[i]), static_cast<uint32_t>(bits) << 16) << i;
+  }
+  // One tick at the start, one per block, one per read chunk: ascending, ending at the total.
+  ASSERT_GE(ticks.size(), 1u + 3u + 1u + 1u);
+  EXPECT_TRUE(std::is_sorted(ticks.begin(), ticks.end()));
+  EXPECT_EQ(ticks.front(), 0u);
+  EXPECT_EQ(ticks.back(), big_bytes + 22);
+  fs::remove_all(dir);
 }
 
 }  // namespace
