@@ -250,13 +250,24 @@ struct PortMuxOptions {
   int zmq_port = 0;                // 127.0.0.1:zmq_port takes connections starting with 0xFF
   int http_port = 0;               // 127.0.0.1:http_port takes every other connection
   int max_connections = 256;       // connections beyond this are closed at once
-  double first_byte_timeout_s = 30;  // a connection silent this long is closed
+  // From one client address: one host cannot take every slot (a browser opens about 6
+  // connections, a device 1-2; 64 leaves room for a few dozen behind one NAT).
+  int max_connections_per_source = 64;
+  // A connection must show what it is (a ZMTP signature, or an HTTP method and a space)
+  // within this; silent, partial or unrecognised connections are closed, so they cannot
+  // hold slots. Both kinds of client send their first bytes at once.
+  double identify_timeout_s = 5;
+  // Once the server side has closed, how long the client may take to close its side
+  // before the mux closes it (nothing more can reach the server anyway).
+  double linger_after_server_closed_s = 5;
 };
 
-// One public port for two servers: each accepted connection is handed, by its first byte,
-// to the rendezvous (ZMTP greetings start with 0xFF) or to the HTTP server (a request starts
-// with a letter), both listening on 127.0.0.1 only. Bytes are relayed both ways until both
-// sides have closed (a half-close is passed on); one thread per connection. The servers see
+// One public port for two servers: each accepted connection is handed, by its first bytes,
+// to the rendezvous (a ZMTP signature: 0xFF, 8 bytes, 0x7F) or to the HTTP server (a method
+// name and a space), both listening on 127.0.0.1 only; anything else is closed. Bytes are
+// relayed both ways until both sides have closed (a half-close is passed on; a client that
+// keeps its side open after the server closed is closed after a grace); one thread per
+// connection, at most max_connections and max_connections_per_source. The servers see
 // every connection as coming from 127.0.0.1; SourceOf tells the HTTP server who is really
 // behind a relayed connection. Runs on its own threads; the destructor closes the port and
 // every relayed connection.

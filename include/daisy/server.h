@@ -5,7 +5,7 @@
 // One turn owns the ring: requests are tokenized at once, then wait in a FIFO queue for
 // the ring (HeadSession::Generate serializes turns too); UI streams see their position. A
 // client that goes away ends its stream, and a turn it was waiting for stops at the next
-// token. Thread-safe: httplib serves each connection on a pool thread.
+// token. Thread-safe: httplib serves each connection on a thread of its own.
 #pragma once
 
 #include <functional>
@@ -35,8 +35,17 @@ struct ServerOptions {
   // The real client address of a connection the port mux relays, by the loopback port the
   // server sees it from ("" when unknown): join requests are rate-limited per source.
   std::function<std::string(int remote_port)> source_of;
-  int threads = 64;                       // connections served at once (SSE listeners hold one each)
   int default_stages = 0;                 // split when a request names none (0: automatic)
+  // Limits against clients that hold connections (docs/HTTP.md, "Limits"). Each open
+  // connection has a thread of its own, so event streams and slow clients never take the
+  // threads that answer everyone else; past `threads`, new connections wait for one.
+  int threads = 512;             // connections served at once (the port mux lets in 256)
+  double header_timeout_s = 10;  // a request's line and headers must arrive within this
+  double body_timeout_s = 30;    // and its body within this after the headers
+  // /api/events streams: a browser tab holds one for as long as it is open. Past these,
+  // 429 (per client address) or 503 (in all) with a message saying which limit.
+  int max_event_streams = 64;
+  int max_event_streams_per_client = 8;
 };
 
 class Server {

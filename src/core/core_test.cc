@@ -1,8 +1,13 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <vector>
 
 #include "daisy/log.h"
@@ -63,6 +68,40 @@ TEST(LocalSource, ReadsRangesAndRefusesPastTheEnd) {
   EXPECT_NE(past.message().find("a.bin"), std::string::npos);
   EXPECT_FALSE((*folder)->OpenFile("../etc/passwd").ok());
   EXPECT_EQ((*folder)->OpenFile("missing.bin").status().code(), ErrorCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 11, item 10: a FIFO named like a model file used to block open() forever. Each
+// read runs on its own thread with a bound; on a hang the FIFO is opened for writing to
+// release the reader, and the test fails.
+TEST(LocalSource, AFifoNamedLikeAModelFileIsRefusedAtOnce) {
+  char tmpl[] = "/tmp/daisy_core_fifo_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path dir = tmpl;
+  for (const char* name : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    const std::string path = (dir / name).string();
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+    auto folder = OpenLocalFolder(dir.string());
+    ASSERT_TRUE(folder.ok());
+    auto read = std::async(std::launch::async, [&] { return (*folder)->ReadFile(name).status(); });
+    if (read.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);  // lets the blocked open return
+      read.wait();
+      if (w >= 0) ::close(w);
+      ADD_FAILURE() << name << ": opening a FIFO blocked";
+    }
+    Status st = read.get();
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st.message();
+    EXPECT_NE(st.message().find(path + " is a named pipe (FIFO), not a regular file"), std::string::npos)
+        << st.message();
+    std::filesystem::remove(path);
+  }
+  // Directories stay refused the same way.
+  std::filesystem::create_directory(dir / "config.json");
+  auto folder = OpenLocalFolder(dir.string());
+  ASSERT_TRUE(folder.ok());
+  Status st = (*folder)->ReadFile("config.json").status();
+  EXPECT_NE(st.message().find("not a regular file"), std::string::npos) << st.message();
   std::filesystem::remove_all(dir);
 }
 

@@ -35,6 +35,16 @@ bool IsSafeFileName(std::string_view file) {
 
 namespace {
 
+// What a file that is not a regular one is, for the error that refuses it.
+std::string FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a named pipe (FIFO)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "of an unknown kind";
+}
+
 class LocalFile final : public ByteSource {
  public:
   LocalFile(int fd, std::string path, uint64_t size) : fd_(fd), name_(std::move(path)), size_(size) {}
@@ -98,16 +108,29 @@ class LocalFolder final : public ModelSource {
 }  // namespace
 
 Result<std::unique_ptr<ByteSource>> OpenLocalFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Looked at before opening: opening a FIFO waits for a writer forever, and opening some
+  // devices has side effects. O_NONBLOCK covers a swap between this stat and the open.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return NotFound(path + ": no such file");
+    return Unavailable(path + ": cannot open: " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return InvalidArgument(path + " is " + FileKind(st.st_mode) + ", not a regular file");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     if (errno == ENOENT) return NotFound(path + ": no such file");
     return Unavailable(path + ": cannot open: " + std::strerror(errno));
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    return InvalidArgument(path + ": not a regular file");
+    return Unavailable(path + ": cannot open: " + std::strerror(err));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(path + " is " + FileKind(st.st_mode) + ", not a regular file");
+  }
+  // O_NONBLOCK stays: reads of a regular file ignore it.
   return std::unique_ptr<ByteSource>(new LocalFile(fd, path, static_cast<uint64_t>(st.st_size)));
 }
 

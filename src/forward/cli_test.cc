@@ -1,6 +1,7 @@
 // The generate, eval and bench commands, run as a user would: the daisychain binary from
 // the build tree ($DAISY_BIN_DIR/apps/cli/daisychain) on the bundled stories260K.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -157,6 +158,26 @@ TEST_F(Cli, BenchReportsThroughput) {
   EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0);
   EXPECT_EQ(j["probe_hash"].get<std::string>().size(), 16u);
   EXPECT_GT(j["peak_memory_bytes"].get<double>(), 0);
+}
+
+// Issue 11, item 10: `inspect` on a folder where a model file is a FIFO used to block in
+// open() forever. Each run is bounded (timeout 20 s: exit 124 means it hung).
+TEST_F(Cli, InspectRefusesAFifoNamedLikeAModelFile) {
+  char tmpl[] = "/tmp/daisy_cli_fifo_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path dir = tmpl;
+  for (const char* name : {"config.json", "tokenizer.json", "model.safetensors"}) {
+    const fs::path model = dir / name;  // a folder per case, named after the FIFO in it
+    fs::copy(Stories(), model, fs::copy_options::recursive);
+    fs::remove(model / name);
+    ASSERT_EQ(::mkfifo((model / name).c_str(), 0600), 0);
+    const Output r = RunCommand("timeout 20 " + Binary() + " inspect --model " + model.string() + " 2>&1");
+    EXPECT_NE(r.exit_code, 124) << name << ": inspect hung on a FIFO";
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find((model / name).string() + " is a named pipe (FIFO), not a regular file"), std::string::npos)
+        << r.out;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

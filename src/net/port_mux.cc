@@ -1,6 +1,7 @@
 // PortMux: one public TCP port in front of the rendezvous (ZeroMQ) and the HTTP server.
-// The first byte of a connection decides where it goes: a ZMTP greeting starts with 0xFF,
-// an HTTP request with a method name. Everything after that is relayed unchanged.
+// The first bytes of a connection decide where it goes: a ZMTP greeting starts with a
+// 10-byte signature (0xFF ... 0x7F), an HTTP request with a method name and a space; any
+// other connection is closed. Everything after that is relayed unchanged.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "daisy/log.h"
@@ -53,6 +55,31 @@ int ConnectLoopback(int port) {
   return fd;
 }
 
+enum class Kind { kNeedMore, kZmtp, kHttp, kOther };
+
+// What a connection is, from the bytes it sent so far (peeked, not taken).
+Kind Identify(const unsigned char* p, size_t n) {
+  if (n == 0) return Kind::kNeedMore;
+  if (p[0] == 0xFF) {
+    // ZMTP 2/3 signature: 0xFF, 8 bytes of length padding, 0x7F (libzmq sends all 10 at once).
+    if (n < 10) return Kind::kNeedMore;
+    return p[9] == 0x7F ? Kind::kZmtp : Kind::kOther;
+  }
+  // The methods httplib parses; the space makes "GETX" junk, not HTTP.
+  static constexpr std::string_view kMethods[] = {"GET ",     "HEAD ",  "POST ",    "PUT ",  "DELETE ",
+                                                  "OPTIONS ", "PATCH ", "CONNECT ", "TRACE "};
+  const std::string_view got(reinterpret_cast<const char*>(p), n);
+  bool partial = false;
+  for (std::string_view m : kMethods) {
+    if (got.size() >= m.size() && got.substr(0, m.size()) == m) return Kind::kHttp;
+    if (got.size() < m.size() && m.substr(0, got.size()) == got) partial = true;
+  }
+  return partial ? Kind::kNeedMore : Kind::kOther;
+}
+
+constexpr size_t kIdentifyBytes = 10;                        // enough for the ZMTP signature and "OPTIONS "
+constexpr auto kRefusalLogEvery = std::chrono::seconds(10);  // under a flood, one line per 10 s
+
 }  // namespace
 
 struct PortMux::Impl {
@@ -64,7 +91,28 @@ struct PortMux::Impl {
   mutable std::mutex mu;
   std::condition_variable idle;  // signalled when a connection thread ends
   int active = 0;
-  std::map<int, std::string> sources;  // loopback port of a relayed connection -> client address
+  std::map<std::string, int> per_source;  // client address -> connections open from it
+  std::map<int, std::string> sources;     // loopback port of a relayed connection -> client address
+  // Refusals and closed unidentified connections, logged at most every kRefusalLogEvery.
+  int refused_unlogged = 0;
+  int closed_unlogged = 0;
+  Clock::time_point last_log{};
+
+  // Logs what was refused or closed since the last line, at most every kRefusalLogEvery.
+  void NoteRefusal(bool refused, const std::string& why) {  // under mu
+    (refused ? refused_unlogged : closed_unlogged) += 1;
+    const auto now = Clock::now();
+    if (now - last_log < kRefusalLogEvery) return;
+    last_log = now;
+    std::string line = "port mux: ";
+    if (refused_unlogged > 0) line += "refused " + std::to_string(refused_unlogged) + " connection(s)";
+    if (refused_unlogged > 0 && closed_unlogged > 0) line += " and ";
+    if (closed_unlogged > 0)
+      line += "closed " + std::to_string(closed_unlogged) + " that were neither HTTP nor ZeroMQ in time";
+    line += " (latest: " + why + ")";
+    refused_unlogged = closed_unlogged = 0;
+    LogWarning(line);
+  }
 
   ~Impl() {
     if (listen_fd >= 0) ::close(listen_fd);
@@ -90,20 +138,24 @@ struct PortMux::Impl {
     return true;
   }
 
-  // Relays bytes between a and b until both directions have ended (EOF passed on as a
-  // half-close), an error, or stop.
-  void Relay(int a, int b) {
+  // Relays bytes between client and server until both directions have ended (EOF passed
+  // on as a half-close), an error, or stop. Once the server has closed, the client has
+  // linger_after_server_closed_s to close too: nothing it sends can be delivered, and a
+  // client that never closes would otherwise hold its slot forever.
+  void Relay(int client, int server) {
     std::vector<char> buf(kRelayBuffer);
-    bool a_open = true, b_open = true;  // still reading from a / from b
-    while (!stop.load() && (a_open || b_open)) {
+    bool client_open = true, server_open = true;  // still reading from each side
+    Clock::time_point close_by = Clock::time_point::max();
+    while (!stop.load() && (client_open || server_open)) {
+      if (!server_open && Clock::now() >= close_by) return;
       // A side that ended is left out (fd -1): poll would report its hang-up forever.
-      pollfd pfds[2] = {{a_open ? a : -1, POLLIN, 0}, {b_open ? b : -1, POLLIN, 0}};
+      pollfd pfds[2] = {{client_open ? client : -1, POLLIN, 0}, {server_open ? server : -1, POLLIN, 0}};
       const int r = ::poll(pfds, 2, kPollMs);
       if (r < 0 && errno != EINTR) return;
       if (r <= 0) continue;
       for (int side = 0; side < 2; ++side) {
-        const int from = side == 0 ? a : b, to = side == 0 ? b : a;
-        bool& open = side == 0 ? a_open : b_open;
+        const int from = side == 0 ? client : server, to = side == 0 ? server : client;
+        bool& open = side == 0 ? client_open : server_open;
         if (!open || !(pfds[side].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         const ssize_t n = ::recv(from, buf.data(), buf.size(), 0);
         if (n > 0) {
@@ -111,6 +163,9 @@ struct PortMux::Impl {
         } else if (n == 0) {
           open = false;
           ::shutdown(to, SHUT_WR);
+          if (side == 1)
+            close_by = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(options.linger_after_server_closed_s));
         } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           return;  // reset: close both
         }
@@ -118,26 +173,46 @@ struct PortMux::Impl {
     }
   }
 
-  void Serve(int client, const std::string& source) {
-    SetNonBlocking(client);
-    SetNoDelay(client);
-    // Wait for the first byte, then look at it without taking it.
-    const auto deadline = Clock::now() + std::chrono::duration<double>(options.first_byte_timeout_s);
-    unsigned char first = 0;
-    bool have = false;
+  // Peeks at the client's first bytes until they say what it is, it closes, or
+  // identify_timeout_s passes.
+  Kind Await(int client) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(options.identify_timeout_s));
+    unsigned char head[kIdentifyBytes];
+    ssize_t seen = 0;
     while (!stop.load() && Clock::now() < deadline) {
       pollfd pfd{client, POLLIN, 0};
       if (::poll(&pfd, 1, kPollMs) <= 0) continue;
-      const ssize_t n = ::recv(client, &first, 1, MSG_PEEK);
-      if (n == 1) have = true;
-      if (n == 0 || n == 1) break;
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+      const ssize_t n = ::recv(client, head, sizeof head, MSG_PEEK);
+      if (n == 0) return Kind::kOther;  // closed before saying anything useful
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+        return Kind::kOther;
+      }
+      const Kind kind = Identify(head, static_cast<size_t>(n));
+      if (kind != Kind::kNeedMore) return kind;
+      // The bytes stay queued, so poll reports them at once: wait for more instead of spinning.
+      if (n == seen) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      seen = n;
+    }
+    return Kind::kNeedMore;
+  }
+
+  void Serve(int client, const std::string& source) {
+    SetNonBlocking(client);
+    SetNoDelay(client);
+    const Kind kind = Await(client);
+    const bool have = kind == Kind::kZmtp || kind == Kind::kHttp;
+    if (!have && !stop.load()) {
+      std::lock_guard<std::mutex> lock(mu);
+      NoteRefusal(false, source + (kind == Kind::kNeedMore ? " said too little in time" : " sent something else"));
     }
     if (have) {
-      const int target_port = first == 0xFF ? options.zmq_port : options.http_port;
+      const bool zmtp = kind == Kind::kZmtp;
+      const int target_port = zmtp ? options.zmq_port : options.http_port;
       const int backend = ConnectLoopback(target_port);
       if (backend < 0) {
-        LogWarning("port mux: cannot reach the internal " + std::string(first == 0xFF ? "rendezvous" : "HTTP server") +
+        LogWarning("port mux: cannot reach the internal " + std::string(zmtp ? "rendezvous" : "HTTP server") +
                    " at 127.0.0.1:" + std::to_string(target_port));
       } else {
         SetNonBlocking(backend);
@@ -178,18 +253,27 @@ struct PortMux::Impl {
       std::string source = host;
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (active >= options.max_connections) {
+        int& from_source = per_source[source];
+        std::string why;
+        if (active >= options.max_connections)
+          why = std::to_string(active) + " connections are open";
+        else if (from_source >= options.max_connections_per_source)
+          why = std::to_string(from_source) + " connections are open from " + source;
+        if (!why.empty()) {
+          if (from_source == 0) per_source.erase(source);
           ::close(client);
-          LogWarning("port mux: refused a connection: " + std::to_string(active) + " connections are open");
+          NoteRefusal(true, why);
           continue;
         }
         ++active;
+        ++from_source;
       }
       // Detached: the thread holds the Impl alive; the destructor waits for active == 0.
       std::thread([self, client, source] {
         self->Serve(client, source);
         std::lock_guard<std::mutex> lock(self->mu);
         --self->active;
+        if (--self->per_source[source] <= 0) self->per_source.erase(source);
         self->idle.notify_all();
       }).detach();
     }

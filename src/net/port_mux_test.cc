@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "daisy/net.h"
 
@@ -65,7 +68,7 @@ struct Fixture {
   std::unique_ptr<PortMux> mux;
 };
 
-Fixture Start(int max_connections = 256) {
+Fixture Start(int max_connections = 256, const std::function<void(PortMuxOptions&)>& tweak = {}) {
   Fixture f;
   RendezvousOptions ro;
   ro.port = 0;
@@ -79,6 +82,7 @@ Fixture Start(int max_connections = 256) {
   mo.zmq_port = PortOf(f.rv->address());
   mo.http_port = f.http->port();
   mo.max_connections = max_connections;
+  if (tweak) tweak(mo);
   auto mux = PortMux::Start(mo);
   EXPECT_TRUE(mux.ok()) << mux.status().message();
   f.mux = std::move(*mux);
@@ -187,6 +191,96 @@ TEST(PortMux, ConnectionsBeyondTheCapAreClosedAndClosedOnesAreReleased) {
   auto r = cli.Get("/hello");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->body, "hello");
+}
+
+// Sends `bytes` on a new connection to the mux and keeps it open; -1 if it cannot connect.
+int ConnectAndSend(int port, const std::string& bytes) {
+  int fd = ConnectTo(port);
+  if (fd >= 0 && !bytes.empty() &&
+      ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Issue 11, item 7: connections that send one byte that is neither HTTP nor ZeroMQ (or
+// nothing, or half a method name) used to keep their slot forever, until every later
+// connection was refused. Each must be closed within the identify timeout, and the port
+// must still serve HTTP afterwards.
+TEST(PortMux, ConnectionsThatDoNotIdentifyThemselvesAreClosed) {
+  Fixture f = Start(256, [](PortMuxOptions& o) { o.identify_timeout_s = 1; });
+  const std::vector<std::string> junk = {std::string(1, '\x16'), "Z", std::string(1, '\0'), "GETX",
+                                         std::string("\xFF") + "junkjunk!"};  // 0xFF, but no ZMTP signature
+  std::vector<int> fds;
+  for (int i = 0; i < 30; ++i) fds.push_back(ConnectAndSend(f.mux->port(), junk[i % junk.size()]));
+  for (int i = 0; i < 20; ++i) fds.push_back(ConnectAndSend(f.mux->port(), ""));   // silent
+  for (int i = 0; i < 4; ++i) fds.push_back(ConnectAndSend(f.mux->port(), "GE"));  // never finishes
+  for (int fd : fds) ASSERT_GE(fd, 0);
+  EXPECT_TRUE(WaitFor([&] { return f.mux->connections() == 0; }, 10000ms))
+      << f.mux->connections() << " unidentified connections are still held";
+  // Each one was closed by the mux: EOF (or a reset), never left hanging.
+  for (int fd : fds) {
+    pollfd pfd{fd, POLLIN, 0};
+    EXPECT_EQ(::poll(&pfd, 1, 2000), 1);
+    char buf[256];
+    EXPECT_LE(::recv(fd, buf, sizeof buf, MSG_DONTWAIT), 0);
+    ::close(fd);
+  }
+  httplib::Client cli("127.0.0.1", f.mux->port());
+  auto r = cli.Get("/hello");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->body, "hello");
+}
+
+// A client that got its answer and never closes its side is closed after the linger, so
+// it cannot keep a slot once the server is done with it.
+TEST(PortMux, AClientThatNeverClosesIsClosedAfterTheServerIsDone) {
+  Fixture f = Start(256, [](PortMuxOptions& o) { o.linger_after_server_closed_s = 1; });
+  int fd = ConnectAndSend(f.mux->port(), "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  ASSERT_GE(fd, 0);
+  std::string got;
+  char buf[1024];
+  for (int i = 0; i < 100; ++i) {  // the whole answer (then EOF: the server closed)
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 100) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_NE(got.find("hello"), std::string::npos) << got;
+  EXPECT_TRUE(WaitFor([&] { return f.mux->connections() == 0; }, 10000ms)) << "the mux still holds the connection";
+  ::close(fd);
+}
+
+// Issue 11, item 7: one address cannot take every slot. Below the total cap, the
+// connection past the per-source cap is closed at once.
+TEST(PortMux, TheCapIsPerSourceAddressToo) {
+  Fixture f = Start(256, [](PortMuxOptions& o) {
+    o.max_connections_per_source = 8;
+    o.identify_timeout_s = 30;  // the 8 silent ones stay while the test looks
+  });
+  std::vector<int> fds;
+  for (int i = 0; i < 8; ++i) fds.push_back(ConnectTo(f.mux->port()));
+  for (int fd : fds) ASSERT_GE(fd, 0);
+  ASSERT_TRUE(WaitFor([&] { return f.mux->connections() == 8; }, 3000ms)) << f.mux->connections();
+  int extra = ConnectTo(f.mux->port());
+  ASSERT_GE(extra, 0);
+  pollfd pfd{extra, POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 3000), 1) << "the 9th connection from one address was left open";
+  char byte;
+  EXPECT_LE(::recv(extra, &byte, 1, MSG_DONTWAIT), 0);
+  ::close(extra);
+  EXPECT_EQ(f.mux->connections(), 8);
+  // A slot freed is a slot again.
+  ::close(fds.back());
+  fds.pop_back();
+  ASSERT_TRUE(WaitFor([&] { return f.mux->connections() == 7; }, 3000ms)) << f.mux->connections();
+  httplib::Client cli("127.0.0.1", f.mux->port());
+  auto r = cli.Get("/hello");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->body, "hello");
+  for (int fd : fds) ::close(fd);
 }
 
 TEST(PortMux, RefusesAPortInUse) {

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <deque>
 #include <list>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "api.h"
 #include "assets.h"
 #include "chat.h"
+#include "guarded_http.h"
 #include "join.h"
 #include "daisy/head.h"
 #include "daisy/log.h"
@@ -167,11 +169,20 @@ class Outbox {
   bool closed_ = false;
 };
 
+srv::ConnectionLimits LimitsOf(const ServerOptions& o) {
+  srv::ConnectionLimits l;
+  l.max_threads = static_cast<size_t>(std::max(8, o.threads));
+  l.header_timeout_s = o.header_timeout_s > 0 ? o.header_timeout_s : l.header_timeout_s;
+  l.body_timeout_s = o.body_timeout_s > 0 ? o.body_timeout_s : l.body_timeout_s;
+  return l;
+}
+
 }  // namespace
 
 struct Server::Impl {
+  explicit Impl(const ServerOptions& o) : options(o), http(LimitsOf(o)) {}
   ServerOptions options;
-  httplib::Server http;
+  srv::GuardedHttpServer http;
   int port = 0;
   std::thread listen_thread;
   std::thread watch_thread;
@@ -199,6 +210,7 @@ struct Server::Impl {
   std::string state_json = "{}";
   uint64_t state_version = 0;
   std::list<std::shared_ptr<Listener>> listeners;
+  std::map<std::string, int> streams_by_client;  // open /api/events streams by client address
   std::atomic<bool> poke{false};  // recompute the snapshot now
   std::string plan_key;           // what the cached plan was computed for
   // The split a turn uses when its request names none (POST /api/load "stages", serve
@@ -660,13 +672,44 @@ struct Server::Impl {
     res.set_content(s, "application/json");
   }
 
-  void HandleEvents(httplib::Response& res) {
-    SetStreamHeaders(res);
+  // Where a request comes from: the port mux's client for a relayed connection.
+  std::string ClientOf(const httplib::Request& req) const {
+    std::string who = options.source_of ? options.source_of(req.remote_port) : "";
+    return who.empty() ? req.remote_addr : who;
+  }
+
+  void HandleEvents(const httplib::Request& req, httplib::Response& res) {
+    // Each stream holds a connection and a thread while the tab is open: bounded per client
+    // address and in all, refused with a message rather than left to pile up.
+    const std::string client = ClientOf(req);
     auto listener = std::make_shared<Listener>();
     {
       std::lock_guard<std::mutex> lock(ev_mu);
+      const int from_client = streams_by_client.count(client) ? streams_by_client[client] : 0;
+      ApiError e;
+      e.status = 0;  // 0: admitted
+      if (from_client >= options.max_event_streams_per_client) {
+        e.status = 429;
+        e.type = "rate_limit_error";
+        e.code = "too_many_event_streams";
+        e.message = "too many event streams from " + client + ": " + std::to_string(from_client) +
+                    " are open (at most " + std::to_string(options.max_event_streams_per_client) +
+                    " per client address); close a tab of the UI or reuse one stream";
+      } else if (static_cast<int>(listeners.size()) >= options.max_event_streams) {
+        e.status = 503;
+        e.type = "server_error";
+        e.code = "too_many_event_streams";
+        e.message = "too many event streams are open on this server (" + std::to_string(listeners.size()) +
+                    ", at most " + std::to_string(options.max_event_streams) + "); try again later";
+      }
+      if (e.status != 0) {
+        res.set_header("Retry-After", "10");
+        return SendError(res, e);
+      }
       listeners.push_back(listener);
+      ++streams_by_client[client];
     }
+    SetStreamHeaders(res);
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, listener](size_t, httplib::DataSink& sink) {
@@ -694,9 +737,10 @@ struct Server::Impl {
           sink.done();
           return true;
         },
-        [this, listener](bool) {
+        [this, listener, client](bool) {
           std::lock_guard<std::mutex> lock(ev_mu);
           listeners.remove(listener);
+          if (--streams_by_client[client] <= 0) streams_by_client.erase(client);
         });
   }
 
@@ -1030,7 +1074,7 @@ struct Server::Impl {
     http.Get("/app.js", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/app.js", res); });
     http.Get("/style.css", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/style.css", res); });
     http.Get("/api/state", [this](const httplib::Request&, httplib::Response& res) { HandleState(res); });
-    http.Get("/api/events", [this](const httplib::Request&, httplib::Response& res) { HandleEvents(res); });
+    http.Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) { HandleEvents(req, res); });
     http.Post("/api/approve", [this](const httplib::Request& req, httplib::Response& res) { HandleApprove(req, res); });
     srv::AddJoinRoutes(http, options.rendezvous, options.room, options.source_of);
     http.Post("/api/load", [this](const httplib::Request& req, httplib::Response& res) { HandleLoad(req, res); });
@@ -1105,11 +1149,8 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (!options.session) return InvalidArgument("Bug: Server needs a HeadSession");
   // A client that hangs up must not kill the process with SIGPIPE.
   ::signal(SIGPIPE, SIG_IGN);
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
+  auto impl = std::make_unique<Impl>(options);
   impl->default_stages.store(std::max(0, options.default_stages));
-  const int threads = std::max(8, options.threads);
-  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   impl->http.set_keep_alive_timeout(5);
   impl->http.set_read_timeout(30);
   impl->http.set_write_timeout(30);
@@ -1119,6 +1160,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
                                  : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);
   if (impl->port <= 0)
     return Unavailable("cannot listen for HTTP on " + options.host + ":" + std::to_string(options.port));
+  impl->http.WidenBacklog();
   Impl* p = impl.get();
   impl->listen_thread = std::thread([p] { p->http.listen_after_bind(); });
   impl->Refresh();
@@ -1128,7 +1170,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
 }
 
 struct JoinServer::Impl {
-  httplib::Server http;
+  srv::GuardedHttpServer http{srv::ConnectionLimits{}};
   int port = 0;
   std::thread listen_thread;
 };
@@ -1152,6 +1194,7 @@ Result<std::unique_ptr<JoinServer>> JoinServer::Start(const JoinServerOptions& o
   impl->port = options.port == 0 ? impl->http.bind_to_any_port(options.host)
                                  : (impl->http.bind_to_port(options.host, options.port) ? options.port : -1);
   if (impl->port <= 0) return Unavailable("cannot listen for HTTP on " + options.host + ":" + std::to_string(options.port));
+  impl->http.WidenBacklog();
   Impl* p = impl.get();
   impl->listen_thread = std::thread([p] { p->http.listen_after_bind(); });
   for (int i = 0; i < 500 && !impl->http.is_running(); ++i) std::this_thread::sleep_for(2ms);
