@@ -103,7 +103,7 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--server-key", f->server_key,
                   "Fingerprint of the server's key, as `daisychain serve` prints it; without it the key is trusted on "
                   "first use and remembered in DAISY_HOME");
-  sub->add_option("--lap-timeout", f->lap_timeout, "Seconds a lap may take before the ring counts as stalled (default 60)")
+  sub->add_option("--lap-timeout", f->lap_timeout, "Floor of the lap timeout in seconds (default 60); it grows with the plan's estimate for slow models (docs/ARCHITECTURE.md)")
       ->check(CLI::Range(1.0, 3600.0));
   sub->add_option("--name", f->name, "Name of this device (default: the host name)");
   sub->add_option("--host", f->host, "Address the stages reach this device at (default 127.0.0.1)");
