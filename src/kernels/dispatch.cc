@@ -110,15 +110,22 @@ void Initialize(Registry& r, const internal::BackendTable& entries) {
       continue;
     }
     s.supported = true;
-    if (b == Backend::kScalar) {
-      s.gate_passed = true;  // the reference itself
-      continue;
+    s.gate_passed = b == Backend::kScalar;  // the reference itself; SIMD units are gated below
+  }
+  std::vector<Backend> gated;
+  std::vector<MatMulQFn> fns;
+  for (Backend b : kAllBackends)
+    if (b != Backend::kScalar && r.status[static_cast<size_t>(b)].supported) {
+      gated.push_back(b);
+      fns.push_back(entries[static_cast<size_t>(b)]);
     }
-    const std::string mismatch = internal::RunGate(entry);
-    s.gate_passed = mismatch.empty();
+  const std::vector<std::string> mismatches = internal::RunGates(fns);
+  for (size_t i = 0; i < gated.size(); ++i) {
+    BackendStatus& s = r.status[static_cast<size_t>(gated[i])];
+    s.gate_passed = mismatches[i].empty();
     if (!s.gate_passed) {
-      s.reason = "demoted: failed its exactness gate against scalar (" + mismatch + ")";
-      LogWarning("kernels: backend " + std::string(BackendName(b)) + " " + s.reason);
+      s.reason = "demoted: failed its exactness gate against scalar (" + mismatches[i] + ")";
+      LogWarning("kernels: backend " + std::string(BackendName(gated[i])) + " " + s.reason);
     }
   }
   Backend chosen = BestPassing(r);

@@ -1,5 +1,6 @@
 // The exactness gates: a SIMD backend runs seeded shapes and must give the scalar
 // reference's bits exactly, and write nothing outside its cells, before it may be used.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -63,8 +64,18 @@ std::span<const GateShape> GateShapes() {
 }
 
 std::string RunGate(MatMulQFn fn) {
+  return RunGates(std::span<const MatMulQFn>(&fn, 1))[0];
+}
+
+std::vector<std::string> RunGates(std::span<const MatMulQFn> fns) {
+  // Each shape's operands and scalar reference are made once for all entries: the seeded
+  // generation and the scalar products are most of the gates' cost at start-up.
+  std::vector<std::string> result(fns.size());
+  std::vector<bool> failed(fns.size(), false);
+  size_t n_failed = 0;
   uint64_t state = 0x6A7E5EEDULL;
   for (const GateShape& g : kShapes) {
+    if (n_failed == fns.size()) break;
     const size_t ldx = static_cast<size_t>(g.k) + static_cast<size_t>(g.pad), ldw = ldx;
     const size_t ldy = static_cast<size_t>(g.n) + static_cast<size_t>(g.pad);
     std::vector<int8_t> x(static_cast<size_t>(g.m) * ldx), wq(static_cast<size_t>(g.n) * ldw);
@@ -101,19 +112,25 @@ std::string RunGate(MatMulQFn fn) {
     constexpr size_t kGuard = 16;
     const size_t ny = static_cast<size_t>(g.m) * ldy + kGuard;
     constexpr uint32_t kPoison = 0x7FC0DEADu;
-    std::vector<uint32_t> want(ny, kPoison), got(ny, kPoison);
+    std::vector<uint32_t> want(ny, kPoison), got(ny);
     scalar::MatMulQ(x.data(), xs.data(), g.m, ldx, w, reinterpret_cast<float*>(want.data()), ldy, col_begin, col_end);
-    fn(x.data(), xs.data(), g.m, ldx, w, reinterpret_cast<float*>(got.data()), ldy, col_begin, col_end);
-    if (std::memcmp(want.data(), got.data(), ny * 4) == 0) continue;
-    size_t at = 0;
-    while (want[at] == got[at]) ++at;
-    float fw, fg;
-    std::memcpy(&fw, &want[at], 4);
-    std::memcpy(&fg, &got[at], 4);
-    return "m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + ": element " +
-           std::to_string(at) + " is " + Hex(fg) + ", scalar gives " + Hex(fw);
+    for (size_t f = 0; f < fns.size(); ++f) {
+      if (failed[f]) continue;  // report the first mismatch only
+      std::fill(got.begin(), got.end(), kPoison);
+      fns[f](x.data(), xs.data(), g.m, ldx, w, reinterpret_cast<float*>(got.data()), ldy, col_begin, col_end);
+      if (std::memcmp(want.data(), got.data(), ny * 4) == 0) continue;
+      size_t at = 0;
+      while (want[at] == got[at]) ++at;
+      float fw, fg;
+      std::memcpy(&fw, &want[at], 4);
+      std::memcpy(&fg, &got[at], 4);
+      result[f] = "m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+                  ": element " + std::to_string(at) + " is " + Hex(fg) + ", scalar gives " + Hex(fw);
+      failed[f] = true;
+      ++n_failed;
+    }
   }
-  return "";
+  return result;
 }
 
 }  // namespace daisy::kernels::internal

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "backends.h"
 
@@ -33,6 +34,9 @@ BackendTable LiveEntries();
 // Checks `fn` bit-for-bit against the scalar reference on the seeded gate shapes (gates.cc).
 // Returns "" when identical, else a description of the first mismatch.
 std::string RunGate(MatMulQFn fn);
+// RunGate for several entries at once, one result per entry: each shape's operands and
+// scalar reference are made once (the start-up gates every supported SIMD unit this way).
+std::vector<std::string> RunGates(std::span<const MatMulQFn> fns);
 
 // One gate shape (gates.cc): m x n x k, the column range [col_begin, n - col_begin / 2) handed
 // to the entry, and `pad` extra elements per row of x, w and y.
