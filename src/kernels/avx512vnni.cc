@@ -21,8 +21,6 @@
 namespace daisy::kernels::avx512vnni {
 namespace {
 
-constexpr int kNr = 4;  // weight rows (output columns) per tile
-constexpr int kMr = 4;  // x rows per tile: 16 accumulators + 4 weights + 1 x in 32 zmm
 constexpr int kPrefetchTiles = 4;
 
 // The four horizontal sums of a0..a3 as one vector (integer adds: any order is exact).
@@ -155,8 +153,7 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
   if (m <= 0 || col_begin >= col_end) return;
   const int k = w.k;
   // Row panels of about 192 KiB of x stay in L2 while the panel's weight tiles stream by.
-  int mc = k > 0 ? (192 * 1024) / k : m;
-  mc = mc < kMr ? kMr : mc - mc % kMr;
+  const int mc = k > 0 ? RowPanelRows(k, kMr) : m;
   for (int i0 = 0; i0 < m; i0 += mc) {
     const int i1 = m - i0 < mc ? m : i0 + mc;
     for (int j = col_begin; j < col_end; j += kNr) {

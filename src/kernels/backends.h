@@ -15,6 +15,27 @@
 
 namespace daisy::kernels {
 
+// Register blocking of the SIMD units, here so the gates (gates.cc) can size shapes that
+// reach every panel and tests can emulate panel bugs. GEMM: tiles of kMr x rows by kNr
+// weight rows (columns of y), walked inside row panels of RowPanelRows(k, kMr) x rows;
+// k is consumed in vectors of kLanes int8, the rest (k % kLanes) is the tail. GEMV (one x
+// row) walks kNr weight rows one after the other. Plain constants and a static function:
+// internal linkage, so no ISA-flagged copy can become a shared symbol (rule above).
+constexpr int kRowPanelBytes = 192 * 1024;  // x rows of a panel stay in L2
+static constexpr int RowPanelRows(int k, int mr) {
+  const int mc = kRowPanelBytes / k;  // k > 0
+  return mc < mr ? mr : mc - mc % mr;
+}
+namespace avx2 {
+constexpr int kMr = 2, kNr = 4, kLanes = 16;  // 8 accumulators + 4 weights + 1 x in 16 ymm
+}  // namespace avx2
+namespace avx512vnni {
+constexpr int kMr = 4, kNr = 4, kLanes = 64;  // 16 accumulators + 4 weights + 1 x in 32 zmm
+}  // namespace avx512vnni
+namespace neon {
+constexpr int kMr = 4, kNr = 4, kLanes = 16;  // 16 accumulators + 4 weights + 1 x in 32 q regs
+}  // namespace neon
+
 // Computes columns [col_begin, col_end) of y for all m rows (see MatMulQ in kernels.h).
 // Writes exactly y[i * ldy + j] for i < m, col_begin <= j < col_end and nothing else.
 using MatMulQFn = void (*)(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,

@@ -96,27 +96,36 @@ Backend BestPassing(const Registry& r) {
   return Backend::kScalar;
 }
 
-void Initialize(Registry& r) {
+// Detects support, gates every supported SIMD entry of `entries` and chooses the backend.
+void Initialize(Registry& r, const internal::BackendTable& entries) {
   std::lock_guard<std::mutex> lock(r.mu);
   for (Backend b : kAllBackends) {
     BackendStatus& s = r.status[static_cast<size_t>(b)];
     s = BackendStatus{b, false, false, ""};
+    const MatMulQFn entry = entries[static_cast<size_t>(b)];
     std::string problem = CpuSupportProblem(b);
-    if (problem.empty() && internal::EntryFor(b) == nullptr) problem = "not built into this binary";
+    if (problem.empty() && entry == nullptr) problem = "not built into this binary";
     if (!problem.empty()) {
       s.reason = std::move(problem);
       continue;
     }
     s.supported = true;
-    if (b == Backend::kScalar) {
-      s.gate_passed = true;  // the reference itself
-      continue;
+    s.gate_passed = b == Backend::kScalar;  // the reference itself; SIMD units are gated below
+  }
+  std::vector<Backend> gated;
+  std::vector<MatMulQFn> fns;
+  for (Backend b : kAllBackends)
+    if (b != Backend::kScalar && r.status[static_cast<size_t>(b)].supported) {
+      gated.push_back(b);
+      fns.push_back(entries[static_cast<size_t>(b)]);
     }
-    const std::string mismatch = internal::RunGate(internal::LiveEntryFor(b));
-    s.gate_passed = mismatch.empty();
+  const std::vector<std::string> mismatches = internal::RunGates(fns);
+  for (size_t i = 0; i < gated.size(); ++i) {
+    BackendStatus& s = r.status[static_cast<size_t>(gated[i])];
+    s.gate_passed = mismatches[i].empty();
     if (!s.gate_passed) {
-      s.reason = "demoted: failed its exactness gate against scalar (" + mismatch + ")";
-      LogWarning("kernels: backend " + std::string(BackendName(b)) + " " + s.reason);
+      s.reason = "demoted: failed its exactness gate against scalar (" + mismatches[i] + ")";
+      LogWarning("kernels: backend " + std::string(BackendName(gated[i])) + " " + s.reason);
     }
   }
   Backend chosen = BestPassing(r);
@@ -158,7 +167,7 @@ void Initialize(Registry& r) {
 Registry& Reg() {
   static Registry* const registry = [] {
     auto* r = new Registry;  // never destroyed: products may run during static destruction
-    Initialize(*r);
+    Initialize(*r, internal::LiveEntries());
     pthread_atfork(nullptr, nullptr, &OnForkChild);
     return r;
   }();
@@ -271,8 +280,18 @@ void SetFaultInjection(Backend backend, bool on) {
     g_fault_mask.fetch_and(static_cast<uint8_t>(~bit));
 }
 
+BackendTable LiveEntries() {
+  BackendTable t{};
+  for (Backend b : kAllBackends) t[static_cast<size_t>(b)] = LiveEntryFor(b);
+  return t;
+}
+
 void Reinitialize() {
-  Initialize(Reg());
+  Initialize(Reg(), LiveEntries());
+}
+
+void Reinitialize(const BackendTable& entries) {
+  Initialize(Reg(), entries);
 }
 
 }  // namespace internal

@@ -1,5 +1,6 @@
 // The exactness gates: a SIMD backend runs seeded shapes and must give the scalar
 // reference's bits exactly, and write nothing outside its cells, before it may be used.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -11,37 +12,29 @@
 namespace daisy::kernels::internal {
 namespace {
 
-enum class Fill : uint8_t {
-  kRandom,        // uniform in [-127, 127]
-  kZeroRows,      // random, but some x rows and some weight rows all zero (scale 0 for x)
-  kExtremeSame,   // x = 127, w = 127 everywhere: the largest positive sum
-  kExtremeMixed,  // x = -127, w = 127 and x = 127, w = -127: the largest negative sums
-};
-
-struct GateShape {
-  int m, n, k;
-  Fill fill;
-  bool bias;
-  bool scale;     // w.scale set (else nullptr: 1.0f)
-  int pad;        // extra elements per row of x, w and y (strides > k, > n)
-  int col_begin;  // the column range handed to the entry (col_end = n - col_begin / 2)
-};
-
 // Odd k, k not a multiple of any vector width (16, 32, 64), tails in n, m = 1 and m > 1,
 // zero rows, all-extreme values, k at kMaxK, strides, and column ranges that start mid-tile.
+// The last shape reaches every panel of every SIMD unit (backends.h): k = 32805 makes
+// RowPanelRows 4 rows for avx2 (kMr 2), avx512vnni and neon (kMr 4), so its 11 rows are two
+// full row panels and a partial third (3 rows: avx2 ends with its one-row path), each
+// walking columns [1, 11): two full column tiles and a tail of 2 after a start mid-tile;
+// k % 64 = 37 leaves a tail in every lane width, and the strides exceed k. Without it no
+// shape had a second row panel on a kMr = 4 unit, so a bug confined to later panels passed.
+// Its cost (scalar 11 x 10 x 32805 multiply-adds) is kept near that of one kMaxK shape.
 constexpr GateShape kShapes[] = {
-    {1, 1, 1, Fill::kRandom, false, true, 0, 0},          {1, 3, 7, Fill::kRandom, true, true, 0, 0},
-    {1, 5, 15, Fill::kRandom, false, false, 1, 0},        {2, 7, 16, Fill::kRandom, true, true, 0, 0},
-    {1, 9, 17, Fill::kRandom, true, true, 3, 1},          {3, 6, 31, Fill::kRandom, false, true, 0, 0},
-    {1, 17, 63, Fill::kRandom, true, true, 0, 0},         {4, 4, 64, Fill::kRandom, true, true, 0, 0},
-    {5, 13, 65, Fill::kRandom, true, true, 2, 3},         {1, 8, 127, Fill::kRandom, false, true, 0, 0},
-    {6, 33, 128, Fill::kRandom, true, true, 0, 0},        {7, 10, 129, Fill::kRandom, true, true, 5, 2},
-    {9, 19, 255, Fill::kRandom, true, true, 0, 0},        {1, 35, 257, Fill::kRandom, true, true, 0, 0},
-    {2, 21, 576, Fill::kRandom, true, true, 0, 5},        {17, 23, 896, Fill::kRandom, true, true, 0, 0},
-    {3, 5, 1001, Fill::kRandom, false, true, 7, 0},       {6, 11, 100, Fill::kZeroRows, true, true, 0, 0},
-    {1, 6, 333, Fill::kZeroRows, true, true, 0, 0},       {5, 7, 191, Fill::kExtremeSame, true, true, 0, 0},
-    {5, 7, 191, Fill::kExtremeMixed, false, true, 0, 0},  {2, 5, kMaxK, Fill::kExtremeSame, false, false, 0, 0},
-    {3, 6, kMaxK, Fill::kExtremeMixed, true, true, 0, 0}, {1, 3, kMaxK - 2, Fill::kRandom, true, true, 0, 0},
+    {1, 1, 1, GateFill::kRandom, false, true, 0, 0},          {1, 3, 7, GateFill::kRandom, true, true, 0, 0},
+    {1, 5, 15, GateFill::kRandom, false, false, 1, 0},        {2, 7, 16, GateFill::kRandom, true, true, 0, 0},
+    {1, 9, 17, GateFill::kRandom, true, true, 3, 1},          {3, 6, 31, GateFill::kRandom, false, true, 0, 0},
+    {1, 17, 63, GateFill::kRandom, true, true, 0, 0},         {4, 4, 64, GateFill::kRandom, true, true, 0, 0},
+    {5, 13, 65, GateFill::kRandom, true, true, 2, 3},         {1, 8, 127, GateFill::kRandom, false, true, 0, 0},
+    {6, 33, 128, GateFill::kRandom, true, true, 0, 0},        {7, 10, 129, GateFill::kRandom, true, true, 5, 2},
+    {9, 19, 255, GateFill::kRandom, true, true, 0, 0},        {1, 35, 257, GateFill::kRandom, true, true, 0, 0},
+    {2, 21, 576, GateFill::kRandom, true, true, 0, 5},        {17, 23, 896, GateFill::kRandom, true, true, 0, 0},
+    {3, 5, 1001, GateFill::kRandom, false, true, 7, 0},       {6, 11, 100, GateFill::kZeroRows, true, true, 0, 0},
+    {1, 6, 333, GateFill::kZeroRows, true, true, 0, 0},       {5, 7, 191, GateFill::kExtremeSame, true, true, 0, 0},
+    {5, 7, 191, GateFill::kExtremeMixed, false, true, 0, 0},  {2, 5, kMaxK, GateFill::kExtremeSame, false, false, 0, 0},
+    {3, 6, kMaxK, GateFill::kExtremeMixed, true, true, 0, 0}, {1, 3, kMaxK - 2, GateFill::kRandom, true, true, 0, 0},
+    {11, 11, 32805, GateFill::kRandom, true, true, 3, 1},
 };
 
 int8_t RandomQ(uint64_t& state) {
@@ -66,9 +59,23 @@ std::string Hex(float f) {
 
 }  // namespace
 
+std::span<const GateShape> GateShapes() {
+  return kShapes;
+}
+
 std::string RunGate(MatMulQFn fn) {
+  return RunGates(std::span<const MatMulQFn>(&fn, 1))[0];
+}
+
+std::vector<std::string> RunGates(std::span<const MatMulQFn> fns) {
+  // Each shape's operands and scalar reference are made once for all entries: the seeded
+  // generation and the scalar products are most of the gates' cost at start-up.
+  std::vector<std::string> result(fns.size());
+  std::vector<bool> failed(fns.size(), false);
+  size_t n_failed = 0;
   uint64_t state = 0x6A7E5EEDULL;
   for (const GateShape& g : kShapes) {
+    if (n_failed == fns.size()) break;
     const size_t ldx = static_cast<size_t>(g.k) + static_cast<size_t>(g.pad), ldw = ldx;
     const size_t ldy = static_cast<size_t>(g.n) + static_cast<size_t>(g.pad);
     std::vector<int8_t> x(static_cast<size_t>(g.m) * ldx), wq(static_cast<size_t>(g.n) * ldw);
@@ -77,11 +84,11 @@ std::string RunGate(MatMulQFn fn) {
       xs[static_cast<size_t>(i)] = RandomScale(state);
       for (int t = 0; t < g.k; ++t) {
         int8_t v = RandomQ(state);
-        if (g.fill == Fill::kExtremeSame) v = 127;
-        if (g.fill == Fill::kExtremeMixed) v = (i % 2 == 0) ? -127 : 127;
+        if (g.fill == GateFill::kExtremeSame) v = 127;
+        if (g.fill == GateFill::kExtremeMixed) v = (i % 2 == 0) ? -127 : 127;
         x[static_cast<size_t>(i) * ldx + static_cast<size_t>(t)] = v;
       }
-      if (g.fill == Fill::kZeroRows && i % 3 == 1) {
+      if (g.fill == GateFill::kZeroRows && i % 3 == 1) {
         std::memset(&x[static_cast<size_t>(i) * ldx], 0, static_cast<size_t>(g.k));
         xs[static_cast<size_t>(i)] = 0.0f;
       }
@@ -91,11 +98,11 @@ std::string RunGate(MatMulQFn fn) {
       bias[static_cast<size_t>(j)] = static_cast<float>(RandomQ(state)) * 0.03125f;
       for (int t = 0; t < g.k; ++t) {
         int8_t v = RandomQ(state);
-        if (g.fill == Fill::kExtremeSame) v = 127;
-        if (g.fill == Fill::kExtremeMixed) v = (j % 2 == 0) ? 127 : -127;
+        if (g.fill == GateFill::kExtremeSame) v = 127;
+        if (g.fill == GateFill::kExtremeMixed) v = (j % 2 == 0) ? 127 : -127;
         wq[static_cast<size_t>(j) * ldw + static_cast<size_t>(t)] = v;
       }
-      if (g.fill == Fill::kZeroRows && j % 4 == 2)
+      if (g.fill == GateFill::kZeroRows && j % 4 == 2)
         std::memset(&wq[static_cast<size_t>(j) * ldw], 0, static_cast<size_t>(g.k));
     }
     const QMatrixView w{wq.data(), g.scale ? ws.data() : nullptr, g.bias ? bias.data() : nullptr, g.n, g.k, ldw};
@@ -105,19 +112,25 @@ std::string RunGate(MatMulQFn fn) {
     constexpr size_t kGuard = 16;
     const size_t ny = static_cast<size_t>(g.m) * ldy + kGuard;
     constexpr uint32_t kPoison = 0x7FC0DEADu;
-    std::vector<uint32_t> want(ny, kPoison), got(ny, kPoison);
+    std::vector<uint32_t> want(ny, kPoison), got(ny);
     scalar::MatMulQ(x.data(), xs.data(), g.m, ldx, w, reinterpret_cast<float*>(want.data()), ldy, col_begin, col_end);
-    fn(x.data(), xs.data(), g.m, ldx, w, reinterpret_cast<float*>(got.data()), ldy, col_begin, col_end);
-    if (std::memcmp(want.data(), got.data(), ny * 4) == 0) continue;
-    size_t at = 0;
-    while (want[at] == got[at]) ++at;
-    float fw, fg;
-    std::memcpy(&fw, &want[at], 4);
-    std::memcpy(&fg, &got[at], 4);
-    return "m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + ": element " +
-           std::to_string(at) + " is " + Hex(fg) + ", scalar gives " + Hex(fw);
+    for (size_t f = 0; f < fns.size(); ++f) {
+      if (failed[f]) continue;  // report the first mismatch only
+      std::fill(got.begin(), got.end(), kPoison);
+      fns[f](x.data(), xs.data(), g.m, ldx, w, reinterpret_cast<float*>(got.data()), ldy, col_begin, col_end);
+      if (std::memcmp(want.data(), got.data(), ny * 4) == 0) continue;
+      size_t at = 0;
+      while (want[at] == got[at]) ++at;
+      float fw, fg;
+      std::memcpy(&fw, &want[at], 4);
+      std::memcpy(&fg, &got[at], 4);
+      result[f] = "m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+                  ": element " + std::to_string(at) + " is " + Hex(fg) + ", scalar gives " + Hex(fw);
+      failed[f] = true;
+      ++n_failed;
+    }
   }
-  return "";
+  return result;
 }
 
 }  // namespace daisy::kernels::internal

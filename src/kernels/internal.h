@@ -2,8 +2,11 @@
 // throughput.cc and the tests. Not part of the public surface (include/daisy/kernels.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "backends.h"
 
@@ -21,9 +24,37 @@ MatMulQFn LiveEntryFor(Backend backend);
 void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,
                 size_t ldy);
 
+// The entries the start-up selection gates and chooses from, indexed by Backend; nullptr
+// where a backend is not built. The start-up uses LiveEntries(); tests pass a table with a
+// deliberately broken wrapper to Reinitialize(entries) to prove the gate demotes it, so no
+// injection code sits in the product path.
+using BackendTable = std::array<MatMulQFn, 4>;
+BackendTable LiveEntries();
+
 // Checks `fn` bit-for-bit against the scalar reference on the seeded gate shapes (gates.cc).
 // Returns "" when identical, else a description of the first mismatch.
 std::string RunGate(MatMulQFn fn);
+// RunGate for several entries at once, one result per entry: each shape's operands and
+// scalar reference are made once (the start-up gates every supported SIMD unit this way).
+std::vector<std::string> RunGates(std::span<const MatMulQFn> fns);
+
+// One gate shape (gates.cc): m x n x k, the column range [col_begin, n - col_begin / 2) handed
+// to the entry, and `pad` extra elements per row of x, w and y.
+enum class GateFill : uint8_t {
+  kRandom,        // uniform in [-127, 127]
+  kZeroRows,      // random, but some x rows and some weight rows all zero (scale 0 for x)
+  kExtremeSame,   // x = 127, w = 127 everywhere: the largest positive sum
+  kExtremeMixed,  // x = -127, w = 127 and x = 127, w = -127: the largest negative sums
+};
+struct GateShape {
+  int m, n, k;
+  GateFill fill;
+  bool bias;
+  bool scale;     // w.scale set (else nullptr: 1.0f)
+  int pad;        // extra elements per row of x, w and y (strides > k, > n)
+  int col_begin;  // the column range handed to the entry (col_end = n - col_begin / 2)
+};
+std::span<const GateShape> GateShapes();
 
 // SplitMix64: the counter-based generator behind every seeded shape, probe and audit.
 inline uint64_t SplitMix64(uint64_t x) {
@@ -38,9 +69,11 @@ inline uint64_t SplitMix64(uint64_t x) {
 // as a miscompiled or faulty unit would. Lets tests prove that gates, the audit and the
 // probe notice a single wrong bit.
 void SetFaultInjection(Backend backend, bool on);
-// Re-runs CPU detection, the gates and DAISY_KERNELS as at start-up. Must not race with
+// Re-runs CPU detection, the gates and DAISY_KERNELS as at start-up (over `entries`, which
+// only the gates and the choice see: products still run LiveEntryFor). Must not race with
 // running products.
 void Reinitialize();
+void Reinitialize(const BackendTable& entries);
 // The probe's product part alone (ProbeHash without the detmath op set): a golden value
 // in kernels_test pins it across ISAs (x86-64 here, arm64 under qemu).
 uint64_t ProductProbeHash();

@@ -15,9 +15,6 @@
 namespace daisy::kernels::neon {
 namespace {
 
-constexpr int kNr = 4;  // weight rows (output columns) per tile
-constexpr int kMr = 4;  // x rows per tile: 16 accumulators + 4 weights + 1 x in 32 q regs
-
 // The four horizontal sums of a0..a3 as one vector (integer adds: any order is exact).
 inline int32x4_t Reduce4(int32x4_t a0, int32x4_t a1, int32x4_t a2, int32x4_t a3) {
   return vpaddq_s32(vpaddq_s32(a0, a1), vpaddq_s32(a2, a3));
@@ -110,8 +107,7 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
   if (m <= 0 || col_begin >= col_end) return;
   const int k = w.k;
   // Row panels of about 192 KiB of x stay in cache while the panel's weight tiles stream by.
-  int mc = k > 0 ? (192 * 1024) / k : m;
-  mc = mc < kMr ? kMr : mc - mc % kMr;
+  const int mc = k > 0 ? RowPanelRows(k, kMr) : m;
   for (int i0 = 0; i0 < m; i0 += mc) {
     const int i1 = m - i0 < mc ? m : i0 + mc;
     for (int j = col_begin; j < col_end; j += kNr) {
