@@ -8,6 +8,7 @@
 // whose public key it was told.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -39,6 +40,10 @@ KeyPair NewKeyPair();
 // folders made as needed). A key file that group or others may read, or that is malformed,
 // is refused with a message naming the file: it is never silently replaced.
 Result<KeyPair> LoadOrCreateKeyPair(const std::string& path);
+// The key a stage and the head share for the audit's receipts (wire::ReceiptMac): BLAKE2b
+// of the X25519 agreement of one side's secret CURVE key with the other's public key, so
+// each side derives it alone and no other member can.
+Result<std::array<uint8_t, 32>> AuditKey(const KeyPair& mine, const std::string& other_public);
 // True for 40 characters of Z85 that decode to 32 bytes.
 bool IsPublicKey(const std::string& z85);
 // What people compare: the first 8 bytes of BLAKE2b-256 of the 32-byte public key, as 16

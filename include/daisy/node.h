@@ -80,6 +80,11 @@ struct NodeOptions {
   // Fault injection for the audit tests only: flip one bit of every Nth hop's output.
   // 0 = off; the environment variable DAISY_TEST_FLIP_EVERY sets it too.
   int test_flip_every = 0;
+  // Fault injection for the audit tests only: every Nth hop, report the honest digest of the
+  // output to the head, then flip one bit of what is sent (a liar with an honest digest).
+  int test_lie_after_report = 0;
+  // ... and the same liar that gives the next stage a receipt for the honest rows too.
+  int test_lie_after_receipt = 0;
 };
 
 // Runs the member loop until *options.stop is true. Survives a head that disappears and

@@ -4,6 +4,7 @@
 // returns an error naming what was wrong and never crashes. Pure functions; thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -33,9 +34,10 @@ enum class Tag : int32_t {
   kHopDigest = -33,
   kAuditRequest = -34,
   kAuditData = -35,
+  kHopReceipt = -36,
 };
 
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;  // 4: BLAKE2b audit digests, hop receipts
 inline constexpr size_t kMaxString = 1024;          // any string field
 inline constexpr size_t kMaxStages = 256;
 inline constexpr size_t kMaxFrameBytes = 256u << 20; // an activation of a long prefill chunk fits
@@ -125,15 +127,35 @@ struct Progress {
   uint64_t bytes_done = 0;
   uint64_t bytes_total = 0;
 };
+// A BLAKE2b-256 digest (RowsDigest) or MAC (ReceiptMac): evidence, not an accident check.
+using Digest = std::array<uint8_t, 32>;
+
+// Sender -> next stage, just before the activation it describes, in an audited turn: the
+// digest of the rows the sender really sends, MACed with the key the sender shares with the
+// head (net::AuditKey). The receiver cannot forge it; it checks the digest against what it
+// received and forwards the receipt to the head in its HopDigest.
+struct HopReceipt {
+  int32_t seq = 0;
+  int32_t stage = 0;        // the sender
+  int32_t token_index = 0;  // first position of the hop
+  int32_t rows = 0;
+  Digest digest{};          // RowsDigest of the rows sent
+  Digest mac{};             // ReceiptMac(key of (sender, head), model_hash, fields, digest)
+};
+
 // Stage -> head after each hop of an audited turn: what it received and what it sent,
-// committed before it can know whether this hop will be audited. XXH64 of the f32 bytes.
+// committed before it can know whether this hop will be audited (RowsDigest of the f32
+// bytes), with the receipt its sender gave for its input (stage 1's input comes from the
+// head, which needs none: `has_receipt` is 0 there).
 struct HopDigest {
   int32_t seq = 0;
   int32_t stage = 0;
   int32_t token_index = 0;  // first position of the hop
   int32_t rows = 0;
-  uint64_t in_hash = 0;
-  uint64_t out_hash = 0;
+  Digest in_digest{};
+  Digest out_digest{};
+  bool has_receipt = false;
+  HopReceipt receipt;       // the sender's, as received
 };
 // Head -> stage: "send me the inputs of your hops at positions [from, to) of this turn".
 struct AuditRequest {
@@ -204,7 +226,7 @@ struct Peers {
 inline constexpr size_t kMaxPeers = 256;
 
 using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers, Progress,
-                             StageStats, HopDigest, AuditRequest, AuditData>;
+                             StageStats, HopDigest, AuditRequest, AuditData, HopReceipt>;
 
 std::vector<uint8_t> Encode(const Message& message);
 // Decodes one whole frame. `hidden` is the activation row width the receiver expects (0:
@@ -213,8 +235,12 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden = 0);
 
 // XXH32 of the f32 payload bytes (little-endian): catches a one-ulp flip and -0 vs +0.
 uint32_t ActHash(std::span<const float> values);
-// XXH64 of f32 values' little-endian bytes: the digests of the stage audit.
-uint64_t RowsHash(std::span<const float> values);
+// BLAKE2b-256 of f32 values' little-endian bytes: the digests the stage audit and Verify
+// take as evidence (a stage cannot find other rows with the same digest).
+Digest RowsDigest(std::span<const float> values);
+// BLAKE2b-256 keyed with `key` (32 bytes, shared by one stage and the head) over the
+// receipt's fields and model_hash: only that stage (or the head) can make it.
+Digest ReceiptMac(std::span<const uint8_t, 32> key, uint32_t model_hash, const HopReceipt& receipt);
 // Identifies a model load: repo id, pinned commit and the tensor index (names, dtypes,
 // shapes, offsets) hashed together.
 uint32_t ModelHash(std::string_view model_id, std::string_view revision, std::string_view tensor_index_digest);

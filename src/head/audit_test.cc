@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -73,6 +74,47 @@ TEST_F(AuditTest, FullAuditCatchesTheFirstRiggedHop) {
   EXPECT_EQ(r.replays, 1);
   for (const auto& s : r.plan) EXPECT_NE(s.device_name, "node-b") << "the rigged stage is excluded from the replay";
   EXPECT_EQ(r.ids.size(), 30u);
+  EXPECT_TRUE(r.verified.value_or(false)) << r.verify_message;
+}
+
+// A middle stage that sends corrupted rows while reporting the honest digest of its output
+// (the attack that used to get the honest next stage excluded): its receipt to the next
+// stage covers what it really sent, which contradicts its own report, so it alone is
+// excluded; the honest stages stay and the replay is VERIFIED.
+TEST_F(AuditTest, AMiddleStageThatLiesWithAnHonestDigestIsExcludedAlone) {
+  test_ring::InProcessRing::NodeSpec liar{"node-b"};
+  liar.lie_after_report = 3;
+  ASSERT_EQ(ring_.Start({{"node-a"}, liar, {"node-c"}}, /*in_order=*/true), "");
+  HeadReport r = Run(1.0, 7, 30, "Once upon a time");
+  ASSERT_EQ(r.audit_failures.size(), 1u);
+  const std::string& why = r.audit_failures[0];
+  EXPECT_NE(why.find("node-b"), std::string::npos) << why;
+  EXPECT_EQ(why.find("node-c"), std::string::npos) << "the honest receiver was blamed: " << why;
+  EXPECT_EQ(r.replays, 1);
+  std::vector<std::string> replay;
+  for (const auto& s : r.plan) replay.push_back(s.device_name);
+  EXPECT_EQ(std::count(replay.begin(), replay.end(), "node-b"), 0) << "the liar stayed";
+  EXPECT_EQ(std::count(replay.begin(), replay.end(), "node-a"), 1) << "an honest stage was dropped";
+  EXPECT_EQ(std::count(replay.begin(), replay.end(), "node-c"), 1) << "the honest receiver was dropped";
+  EXPECT_TRUE(r.verified.value_or(false)) << r.verify_message;
+}
+
+// The same liar that also lies in its receipt (honest digest everywhere, corrupted rows):
+// the next stage reports rows the receipt does not cover, and nothing can tell which of the
+// two lied. Both are excluded, never the receiver alone, and the replay is VERIFIED.
+TEST_F(AuditTest, WhenTheEvidenceCannotDecideBothNeighboursAreExcluded) {
+  test_ring::InProcessRing::NodeSpec liar{"node-b"};
+  liar.lie_after_receipt = 3;
+  ASSERT_EQ(ring_.Start({{"node-a"}, liar, {"node-c"}}, /*in_order=*/true), "");
+  HeadReport r = Run(1.0, 7, 30, "Once upon a time");
+  ASSERT_EQ(r.audit_failures.size(), 1u);
+  const std::string& why = r.audit_failures[0];
+  EXPECT_NE(why.find("both are excluded"), std::string::npos) << why;
+  std::vector<std::string> replay;
+  for (const auto& s : r.plan) replay.push_back(s.device_name);
+  EXPECT_EQ(std::count(replay.begin(), replay.end(), "node-b"), 0) << "the liar stayed";
+  EXPECT_EQ(std::count(replay.begin(), replay.end(), "node-c"), 0);
+  EXPECT_EQ(std::count(replay.begin(), replay.end(), "node-a"), 1) << "a stage outside the dispute was dropped";
   EXPECT_TRUE(r.verified.value_or(false)) << r.verify_message;
 }
 

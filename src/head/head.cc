@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include <sodium.h>
 #include <xxhash.h>
 
 #include "daisy/forward.h"
@@ -133,6 +134,7 @@ struct AuditSetup {
   // Audited stages' weights, fetched on first need and kept, by layer range.
   std::map<std::pair<int, int>, std::unique_ptr<StageWeights>>* weights = nullptr;
   std::vector<std::string> names;  // stage names for messages
+  const net::KeyPair* keys = nullptr;  // this head's: the receipt keys are derived from it
 };
 
 // The rest of the ring as the head's forward pass sees it: one lap per call.
@@ -154,7 +156,7 @@ class NetLink final : public StageLink {
 
   // Sends one batch into the ring (stage 1) without waiting for it.
   daisy::Status Submit(HiddenStates hidden) override {
-    if (audit_.rate > 0) sent_hash_[hidden.positions.front()] = wire::RowsHash(hidden.values);
+    if (audit_.rate > 0) sent_digest_[hidden.positions.front()] = wire::RowsDigest(hidden.values);
     wire::Activation a;
     a.seq = seq_;
     a.token_index = hidden.positions.front();
@@ -232,8 +234,10 @@ class NetLink final : public StageLink {
   int64_t recomputed() const { return recomputed_; }
   // The first position whose hop an audit found wrong: tokens after it are not trusted.
   std::optional<int32_t> bad_position() const { return bad_position_; }
-  // The device that made the last lap fail, when it is known.
+  // The device that made the last lap fail, when it is known (and the other side of a dispute
+  // the audit's evidence could not settle).
   const std::string& failed_device() const { return failed_device_; }
+  const std::string& also_failed() const { return also_failed_; }
   int64_t laps() const { return laps_; }
   double lap_seconds() const { return lap_seconds_; }
 
@@ -310,6 +314,47 @@ class NetLink final : public StageLink {
     if (!bad_position_ || position < *bad_position_) bad_position_ = position;
     return Unavailable("audit: " + Who(stage) + " " + what + "; it is excluded");
   }
+  // The evidence cannot tell which of two neighbours lied: both are excluded, never the
+  // receiver alone.
+  daisy::Status BlameBoth(int sender, int receiver, int32_t position, const std::string& what) {
+    failed_device_ = stages_[static_cast<size_t>(receiver)].device_id;
+    also_failed_ = stages_[static_cast<size_t>(sender)].device_id;
+    if (!bad_position_ || position < *bad_position_) bad_position_ = position;
+    return Unavailable("audit: " + what + "; the evidence cannot tell which of " + Who(sender) + " and " + Who(receiver) +
+                       " lied, so both are excluded");
+  }
+
+  // The link from stage s-1 to stage s at one hop. Stage s-1 reported its output to this
+  // head (over its own authenticated link) and gave stage s a receipt for what it really
+  // sent, MACed with the key only it and this head hold; stage s forwards that receipt and
+  // reports what it received. A receipt that differs from its maker's report convicts the
+  // maker alone; a receiver that reports other rows than the receipt covers, or brings no
+  // valid receipt, is one side of a dispute the digests cannot settle.
+  daisy::Status CheckLink(int s, int32_t token_index, int rows, const wire::HopDigest& d) {
+    DAISY_ASSIGN_OR_RETURN(wire::HopDigest prev, Digest(s - 1, token_index));
+    const std::string at = " at position " + std::to_string(token_index);
+    const wire::HopReceipt& r = d.receipt;
+    bool valid = d.has_receipt && r.seq == seq_ && r.stage == s - 1 && r.token_index == token_index && r.rows == rows;
+    if (valid) {
+      DAISY_ASSIGN_OR_RETURN(auto key, KeyFor(s - 1));
+      valid = sodium_memcmp(wire::ReceiptMac(key, model_hash_, r).data(), r.mac.data(), r.mac.size()) == 0;
+    }
+    if (!valid) return BlameBoth(s - 1, s, token_index, Who(s) + " brought no valid receipt from " + Who(s - 1) + at);
+    if (r.digest != prev.out_digest)
+      return Blame(s - 1, token_index, "gave the next stage a receipt for other rows than the ones it reported" + at + " (it sent rows other than its honest output)");
+    if (d.in_digest != r.digest)
+      return BlameBoth(s - 1, s, token_index, Who(s) + " reports receiving rows other than the ones " + Who(s - 1) + "'s receipt covers" + at);
+    return daisy::Status::Ok();
+  }
+
+  // The receipt key this head shares with stage s.
+  Result<std::array<uint8_t, 32>> KeyFor(int s) {
+    auto it = audit_keys_.find(s);
+    if (it != audit_keys_.end()) return it->second;
+    DAISY_ASSIGN_OR_RETURN(auto key, net::AuditKey(*audit_.keys, room_.KeyOf(stages_[static_cast<size_t>(s)].device_id)));
+    audit_keys_[s] = key;
+    return key;
+  }
 
   // After the lap of positions [token_index, token_index + rows): draw which stages to
   // audit, check the chain of digests, and re-run each audited stage up to this lap.
@@ -322,13 +367,13 @@ class NetLink final : public StageLink {
       DAISY_ASSIGN_OR_RETURN(wire::HopDigest d, Digest(s, token_index));
       if (d.rows != rows) return Blame(s, token_index, "reported a hop of the wrong size");
       // Its input must be what the previous stage (or the head) sent.
-      uint64_t expect_in = sent_hash_[token_index];
-      if (s > 1) {
-        DAISY_ASSIGN_OR_RETURN(wire::HopDigest prev, Digest(s - 1, token_index));
-        expect_in = prev.out_hash;
+      if (s == 1) {
+        if (d.in_digest != sent_digest_[token_index])
+          return Blame(s, token_index, "reports an input other than the one this head sent it at position " + std::to_string(token_index));
+      } else {
+        DAISY_RETURN_IF_ERROR(CheckLink(s, token_index, rows, d));
       }
-      if (d.in_hash != expect_in) return Blame(s, token_index, "reports an input other than the one sent to it at position " + std::to_string(token_index));
-      if (s == n - 1 && d.out_hash != wire::RowsHash(returned))
+      if (s == n - 1 && d.out_digest != wire::RowsDigest(returned))
         return Blame(s, token_index, "reports an output other than the one that came back at position " + std::to_string(token_index));
       DAISY_RETURN_IF_ERROR(Rerun(s, token_index + rows));
     }
@@ -374,7 +419,7 @@ class NetLink final : public StageLink {
       DAISY_ASSIGN_OR_RETURN(wire::HopDigest d, Digest(s, p));
       if (d.rows <= 0 || p + d.rows > end) return Blame(s, p, "reported hops that do not tile its positions");
       const auto rows_of = std::span<const float>(data->values).subspan(static_cast<size_t>(p - sh.len) * hidden_, static_cast<size_t>(d.rows) * hidden_);
-      if (wire::RowsHash(rows_of) != d.in_hash) return Blame(s, p, "sent audit inputs that differ from the ones it reported at position " + std::to_string(p));
+      if (wire::RowsDigest(rows_of) != d.in_digest) return Blame(s, p, "sent audit inputs that differ from the ones it reported at position " + std::to_string(p));
       hops.push_back(d);
       p += d.rows;
     }
@@ -386,7 +431,7 @@ class NetLink final : public StageLink {
     for (const auto& d : hops) {
       const auto out = std::span<const float>(h.values).subspan(static_cast<size_t>(d.token_index - sh.len) * hidden_, static_cast<size_t>(d.rows) * hidden_);
       ++recomputed_;
-      if (wire::RowsHash(out) != d.out_hash)
+      if (wire::RowsDigest(out) != d.out_digest)
         return Blame(s, d.token_index, "returned wrong bits for its hop at position " + std::to_string(d.token_index) + " (the re-run differs)");
     }
     sh.len = end;
@@ -400,7 +445,9 @@ class NetLink final : public StageLink {
   AuditSetup audit_;
   std::vector<Shadow> shadows_;
   std::map<std::pair<int, int32_t>, wire::HopDigest> digests_;  // (stage, first position)
-  std::map<int32_t, uint64_t> sent_hash_;                       // what the head sent, by position
+  std::map<int32_t, wire::Digest> sent_digest_;                 // what the head sent, by position
+  std::map<int, std::array<uint8_t, 32>> audit_keys_;           // receipt keys, by stage
+  std::string also_failed_;  // the other side of a dispute the evidence could not settle
   std::deque<std::pair<wire::Message, std::string>> stash_;  // with the key that sent it
   std::string sender_;  // the key that sent what Next returned last
   int64_t audited_ = 0;
@@ -941,6 +988,7 @@ struct HeadSession::Impl {
       a.info = info.get();
       a.ctx = ctx;
       a.weights = &audit_weights;
+      a.keys = &keys;
       for (const auto& sv : planned.view.stages) a.names.push_back(sv.device_name);
       link.EnableAudit(std::move(a));
     }
@@ -979,6 +1027,7 @@ struct HeadSession::Impl {
     report.recomputed_hops += link.recomputed();
     if (!result.ok()) {  // Unavailable: a ring fault, replayed once without that device
       if (!link.failed_device().empty()) suspects.insert(link.failed_device());
+      if (!link.also_failed().empty()) suspects.insert(link.also_failed());
       if (link.bad_position()) {
         // Tokens sampled from a corrupted position on are not trusted: the replay gives them anew.
         report.audit_failures.push_back(result.status().message());

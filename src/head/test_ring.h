@@ -27,14 +27,33 @@ class InProcessRing {
   struct NodeSpec {
     std::string role;       // also its name
     int flip_every = 0;     // NodeOptions::test_flip_every
+    int lie_after_report = 0;   // NodeOptions::test_lie_after_report
+    int lie_after_receipt = 0;  // NodeOptions::test_lie_after_receipt
   };
 
   // Makes a DAISY_HOME under /tmp, starts the rendezvous and the nodes. Returns "" or why not.
-  std::string Start(const std::vector<NodeSpec>& nodes) {
+  // `in_order`: the nodes' keys are made so that their ids sort as listed, so the plan
+  // (head first, then by id) puts them in that order.
+  std::string Start(const std::vector<NodeSpec>& nodes, bool in_order = false) {
     char tmpl[] = "/tmp/daisy_ring_inproc_XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) return "mkdtemp failed";
     home_ = tmpl;
     ::setenv("DAISY_HOME", home_.c_str(), 1);
+    if (in_order) {
+      std::string last;
+      for (const auto& n : nodes) {
+        for (int tries = 0;; ++tries) {
+          auto id = DeviceId(home_.string(), n.role);
+          if (!id.ok()) return id.status().message();
+          if (*id > last) {
+            last = *id;
+            break;
+          }
+          if (tries > 200) return "could not make ordered keys";
+          std::filesystem::remove(DeviceKeyPath(home_.string(), n.role));
+        }
+      }
+    }
     net::RendezvousOptions ro;
     ro.port = 0;
     ro.auto_approve = true;
@@ -51,6 +70,8 @@ class InProcessRing {
         o.print_tokens = false;
         o.stop = &stop_;
         o.test_flip_every = n.flip_every;
+        o.test_lie_after_report = n.lie_after_report;
+        o.test_lie_after_receipt = n.lie_after_receipt;
         o.hub.cache_dir = (home_ / n.role).string();
         Status st = RunNode(o);
         if (!st.ok()) std::fprintf(stderr, "node %s: %s\n", n.role.c_str(), st.message().c_str());

@@ -26,6 +26,26 @@ KeyPair NewKeyPair() {
   return KeyPair{pub, sec};
 }
 
+Result<std::array<uint8_t, 32>> AuditKey(const KeyPair& mine, const std::string& other_public) {
+  uint8_t secret[32], other[32], shared[32];
+  if (mine.secret_key.size() != 40 || zmq_z85_decode(secret, mine.secret_key.c_str()) == nullptr)
+    return InvalidArgument("Bug: AuditKey without a secret key");
+  if (other_public.size() != 40 || zmq_z85_decode(other, other_public.c_str()) == nullptr)
+    return InvalidArgument("AuditKey: '" + other_public.substr(0, 8) + "...' is not a CURVE public key");
+  // X25519 of the two long-term CURVE keys: the same on both sides, known to no third one.
+  if (crypto_scalarmult(shared, secret, other) != 0) return InvalidArgument("AuditKey: a degenerate public key");
+  std::array<uint8_t, 32> key{};
+  static const char kContext[] = "daisychain audit key v1";
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, nullptr, 0, key.size());
+  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(kContext), sizeof kContext - 1);
+  crypto_generichash_update(&st, shared, sizeof shared);
+  crypto_generichash_final(&st, key.data(), key.size());
+  sodium_memzero(secret, sizeof secret);
+  sodium_memzero(shared, sizeof shared);
+  return key;
+}
+
 bool IsPublicKey(const std::string& z85) {
   if (z85.size() != 40) return false;
   uint8_t raw[32];

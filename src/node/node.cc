@@ -55,6 +55,7 @@ class Node {
   Status Run() {
     const std::string home = DeviceHome();
     DAISY_ASSIGN_OR_RETURN(net::KeyPair keys, DeviceKeys(home, o_.role));
+    keys_ = keys;
     id_ = net::KeyId(keys.public_key);
     DAISY_ASSIGN_OR_RETURN(ep_, net::Endpoint::Bind(o_.bind_host, o_.port, keys));
     if (!o_.advertise.empty()) {
@@ -149,7 +150,7 @@ class Node {
           } else if constexpr (std::is_same_v<T, wire::Assignment>) {
             auto it = key_of_.find(m.stages[0].device_id);
             allowed = it != key_of_.end() && it->second == sender;
-          } else if constexpr (std::is_same_v<T, wire::Activation>) {
+          } else if constexpr (std::is_same_v<T, wire::Activation> || std::is_same_v<T, wire::HopReceipt>) {
             allowed = from_upstream;
           } else if constexpr (std::is_same_v<T, wire::Token> || std::is_same_v<T, wire::Done> ||
                                std::is_same_v<T, wire::AuditRequest> || std::is_same_v<T, wire::ErrorMsg>) {
@@ -335,6 +336,10 @@ class Node {
     stages_ = a.stages;
     seq_ = static_cast<int32_t>(a.turn);
     audit_ = a.audit;
+    receipts_.clear();
+    if (audit_) {
+      DAISY_ASSIGN_OR_RETURN(audit_key_, net::AuditKey(keys_, key_of_[a.stages[0].device_id]));
+    }
     inputs_.clear();
     inputs_from_ = kept_;
     hops_ = 0;
@@ -362,7 +367,7 @@ class Node {
     const int n = static_cast<int>(a.values.size()) / hidden;
     for (int i = 0; i < n; ++i) h.positions.push_back(a.token_index + i);
     h.values = std::move(a.values);
-    uint64_t in_hash = 0;
+    wire::Digest in_digest{};
     if (audit_) {
       // Keep this turn's inputs for an audit, in position order (a rewind drops the rest).
       const size_t at = static_cast<size_t>(std::max(0, a.token_index - inputs_from_)) * static_cast<size_t>(hidden);
@@ -370,7 +375,7 @@ class Node {
       if (at > inputs_.size()) return refuse("a hop leaves a gap in the turn's positions");
       inputs_.resize(at);
       inputs_.insert(inputs_.end(), h.values.begin(), h.values.end());
-      in_hash = wire::RowsHash(h.values);
+      in_digest = wire::RowsDigest(h.values);
     }
     const auto started = Clock::now();
     Status st = RunLayers(*slice_.weights, slice_.first, slice_.end, h, *kv_);
@@ -388,14 +393,37 @@ class Node {
     out.model_hash = slice_.model_hash;
     out.values = std::move(h.values);
     ++hop_count_;
-    if (flip_every_ > 0 && hop_count_ % flip_every_ == 0) {
+    auto flip = [&] {
       uint32_t bits = std::bit_cast<uint32_t>(out.values[0]);
       out.values[0] = std::bit_cast<float>(bits ^ 1u);  // the lowest mantissa bit: a one-ulp lie
+    };
+    if (flip_every_ > 0 && hop_count_ % flip_every_ == 0) flip();
+    const std::string& to = last ? stages_[0].address : stages_[static_cast<size_t>(stage_) + 1].address;
+    if (audit_ && !head_address_.empty()) {
+      // The report to the head: what came in (with the sender's receipt for it) and what goes out.
+      wire::HopDigest d{a.seq, stage_, out.token_index, n, in_digest, wire::RowsDigest(out.values), false, {}};
+      if (stage_ >= 2) {
+        auto r = receipts_.find(a.token_index);
+        if (r != receipts_.end() && r->second.seq == a.seq && r->second.rows == n) {
+          d.has_receipt = true;
+          d.receipt = r->second;
+        }
+        receipts_.erase(receipts_.begin(), receipts_.upper_bound(a.token_index));
+      }
+      (void)ep_->Send(head_address_, wire::Message(d), 500);
+      // Test-only liar: reports the honest digest above, then sends corrupted rows.
+      if (o_.test_lie_after_report > 0 && hop_count_ % o_.test_lie_after_report == 0) flip();
+      if (!last) {
+        // The receipt for what really goes out, MACed for the head: the next stage checks it
+        // against the rows it receives and forwards it in its own report.
+        wire::HopReceipt rc{a.seq, stage_, out.token_index, n, wire::RowsDigest(out.values), {}};
+        rc.mac = wire::ReceiptMac(audit_key_, slice_.model_hash, rc);
+        (void)ep_->Send(to, wire::Message(rc), 500);
+      }
+      // Test-only liar that also lies in its receipt: the honest digest everywhere, corrupted rows.
+      if (o_.test_lie_after_receipt > 0 && hop_count_ % o_.test_lie_after_receipt == 0) flip();
     }
     out.act_hash = wire::ActHash(out.values);
-    if (audit_ && !head_address_.empty())
-      (void)ep_->Send(head_address_, wire::Message(wire::HopDigest{a.seq, stage_, out.token_index, n, in_hash, wire::RowsHash(out.values)}), 500);
-    const std::string& to = last ? stages_[0].address : stages_[static_cast<size_t>(stage_) + 1].address;
     Status sent = ep_->Send(to, wire::Message(out), 1500);
     if (!sent.ok()) refuse("could not pass the activation on: " + sent.message(), wire::kErrNextUnreachable);
   }
@@ -454,6 +482,11 @@ class Node {
     (void)ep_->Send(head_address_, wire::Message(d), 3000);
   }
   void On(wire::HopDigest&) {}
+  void On(wire::HopReceipt& r) {
+    if (!audit_ || r.seq != seq_ || r.stage != stage_ - 1) return;
+    if (receipts_.size() >= 4096) receipts_.erase(receipts_.begin());  // bounded: a flood costs nothing
+    receipts_[r.token_index] = r;
+  }
   void On(wire::AuditData&) {}
   void On(wire::Progress&) {}
   void On(wire::StageStats&) {}
@@ -486,7 +519,10 @@ class Node {
   int32_t kept_ = 0;
   int64_t hops_ = 0;
   double compute_seconds_ = 0;
-  bool audit_ = false;           // this turn is audited: keep inputs, send digests
+  bool audit_ = false;           // this turn is audited: keep inputs, send digests and receipts
+  std::array<uint8_t, 32> audit_key_{};          // shared with the turn's head (net::AuditKey)
+  std::map<int32_t, wire::HopReceipt> receipts_;  // upstream's receipts, by first position
+  net::KeyPair keys_;
   std::vector<float> inputs_;    // the turn's hop inputs, rows from position inputs_from_
   int32_t inputs_from_ = 0;
   int flip_every_ = 0;           // test-only fault injection

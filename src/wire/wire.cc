@@ -1,6 +1,7 @@
 // The message codec: explicit little-endian writes and bounds-checked reads.
 #include "daisy/wire.h"
 
+#include <sodium.h>
 #include <xxhash.h>
 
 #include <bit>
@@ -26,6 +27,7 @@ class Writer {
     U16(static_cast<uint16_t>(n));
     out_.insert(out_.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
   }
+  void Bytes(std::span<const uint8_t> v) { out_.insert(out_.end(), v.begin(), v.end()); }
   void F32s(std::span<const float> v) {
     for (float f : v) U32(std::bit_cast<uint32_t>(f));
   }
@@ -57,6 +59,11 @@ class Reader {
   uint32_t U32(const char* f) { return static_cast<uint32_t>(Le(4, f)); }
   int32_t I32(const char* f) { return static_cast<int32_t>(U32(f)); }
   uint64_t U64(const char* f) { return Le(8, f); }
+  Digest Bytes32(const char* f) {
+    Digest d{};
+    for (auto& b : d) b = U8(f);
+    return d;
+  }
   double F64(const char* f) { return std::bit_cast<double>(U64(f)); }
   std::string Str(const char* field, size_t cap = kMaxString) {
     const size_t n = U16(field);
@@ -143,6 +150,27 @@ bool SafeAddress(std::string_view a) {
   return port >= 1 && port <= 65535;
 }
 
+void WriteReceipt(Writer& w, const HopReceipt& m) {
+  w.I32(m.seq);
+  w.I32(m.stage);
+  w.I32(m.token_index);
+  w.I32(m.rows);
+  w.Bytes(m.digest);
+  w.Bytes(m.mac);
+}
+
+HopReceipt ReadReceipt(Reader& r) {
+  HopReceipt m;
+  m.seq = r.I32("receipt seq");
+  m.stage = r.I32("receipt stage");
+  m.token_index = r.I32("receipt token_index");
+  m.rows = r.I32("receipt rows");
+  m.digest = r.Bytes32("receipt digest");
+  m.mac = r.Bytes32("receipt mac");
+  if (r.ok() && (m.stage < 0 || m.token_index < 0 || m.rows <= 0)) r.Fail("receipt: negative stage or position, or no rows");
+  return m;
+}
+
 void WriteHello(Writer& w, const Hello& m) {
   w.U16(m.protocol_version);
   w.U32(m.capabilities);
@@ -193,6 +221,7 @@ std::string_view TagName(int32_t tag) {
     case Tag::kHopDigest: return "hop_digest";
     case Tag::kAuditRequest: return "audit_request";
     case Tag::kAuditData: return "audit_data";
+    case Tag::kHopReceipt: return "hop_receipt";
   }
   return "unknown";
 }
@@ -202,8 +231,25 @@ uint32_t ActHash(std::span<const float> values) {
   return XXH32(values.data(), values.size() * sizeof(float), 0x44414953u /* "DAIS" */);
 }
 
-uint64_t RowsHash(std::span<const float> values) {
-  return XXH64(values.data(), values.size() * sizeof(float), 0x41554454u /* "AUDT" */);
+Digest RowsDigest(std::span<const float> values) {
+  static_assert(std::endian::native == std::endian::little, "hash the little-endian bytes");
+  Digest d{};
+  crypto_generichash(d.data(), d.size(), reinterpret_cast<const unsigned char*>(values.data()), values.size() * sizeof(float), nullptr, 0);
+  return d;
+}
+
+Digest ReceiptMac(std::span<const uint8_t, 32> key, uint32_t model_hash, const HopReceipt& r) {
+  Writer w;  // the fields in their wire order: one encoding, no ambiguity
+  w.U32(model_hash);
+  w.I32(r.seq);
+  w.I32(r.stage);
+  w.I32(r.token_index);
+  w.I32(r.rows);
+  w.Bytes(r.digest);
+  const std::vector<uint8_t> msg = w.Take();
+  Digest mac{};
+  crypto_generichash(mac.data(), mac.size(), msg.data(), msg.size(), key.data(), key.size());
+  return mac;
 }
 
 uint32_t ModelHash(std::string_view model_id, std::string_view revision, std::string_view tensor_index_digest) {
@@ -290,8 +336,13 @@ std::vector<uint8_t> Encode(const Message& message) {
           w.I32(m.stage);
           w.I32(m.token_index);
           w.I32(m.rows);
-          w.U64(m.in_hash);
-          w.U64(m.out_hash);
+          w.Bytes(m.in_digest);
+          w.Bytes(m.out_digest);
+          w.U8(m.has_receipt ? 1 : 0);
+          if (m.has_receipt) WriteReceipt(w, m.receipt);
+        } else if constexpr (std::is_same_v<T, HopReceipt>) {
+          w.I32(static_cast<int32_t>(Tag::kHopReceipt));
+          WriteReceipt(w, m);
         } else if constexpr (std::is_same_v<T, AuditRequest>) {
           w.I32(static_cast<int32_t>(Tag::kAuditRequest));
           w.I32(m.seq);
@@ -504,10 +555,18 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
       m.stage = r.I32("stage");
       m.token_index = r.I32("token_index");
       m.rows = r.I32("rows");
-      m.in_hash = r.U64("in_hash");
-      m.out_hash = r.U64("out_hash");
+      m.in_digest = r.Bytes32("in_digest");
+      m.out_digest = r.Bytes32("out_digest");
+      const uint8_t has = r.U8("has_receipt");
+      if (r.ok() && has > 1) r.Fail("has_receipt must be 0 or 1");
+      m.has_receipt = has == 1;
+      if (m.has_receipt) m.receipt = ReadReceipt(r);
       if (r.ok() && (m.stage < 0 || m.token_index < 0 || m.rows <= 0)) r.Fail("negative stage or position, or no rows");
       out = m;
+      break;
+    }
+    case Tag::kHopReceipt: {
+      out = ReadReceipt(r);
       break;
     }
     case Tag::kAuditRequest: {

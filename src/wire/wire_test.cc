@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <optional>
+#include <xxhash.h>
 
 #include <bit>
 #include <cmath>
@@ -91,9 +93,24 @@ TEST(Wire, EveryMessageRoundTrips) {
   audited.audit = true;
   EXPECT_TRUE(RoundTrip(audited).audit);
   EXPECT_FALSE(RoundTrip(MakeAssignment()).audit);
-  HopDigest hd = RoundTrip(HopDigest{4, 2, 17, 1, 0x1234ull, 0x5678ull});
+  Digest in{}, out{}, mac{};
+  in[0] = 1;
+  out[31] = 2;
+  mac[5] = 3;
+  HopDigest hd = RoundTrip(HopDigest{4, 2, 17, 1, in, out, false, {}});
   EXPECT_EQ(hd.token_index, 17);
-  EXPECT_EQ(hd.out_hash, 0x5678ull);
+  EXPECT_EQ(hd.in_digest, in);
+  EXPECT_EQ(hd.out_digest, out);
+  EXPECT_FALSE(hd.has_receipt);
+  const HopReceipt rc{4, 1, 17, 1, out, mac};
+  HopDigest with = RoundTrip(HopDigest{4, 2, 17, 1, in, out, true, rc});
+  ASSERT_TRUE(with.has_receipt);
+  EXPECT_EQ(with.receipt.digest, out);
+  EXPECT_EQ(with.receipt.mac, mac);
+  EXPECT_EQ(with.receipt.stage, 1);
+  HopReceipt back = RoundTrip(rc);
+  EXPECT_EQ(back.mac, mac);
+  EXPECT_EQ(back.token_index, 17);
   AuditRequest aq = RoundTrip(AuditRequest{4, 0, 18});
   EXPECT_EQ(aq.to, 18);
   AuditData ad = RoundTrip(AuditData{4, 2, 0, {1.0f, -0.0f, 3.5f, 4.0f}}, 2);
@@ -133,8 +150,82 @@ TEST(Wire, RefusesImpossibleCacheAndProgressFields) {
   ExpectRefused(Encode(Message(StageStats{1, 1, 3, -1.0})), "compute_seconds");
   ExpectRefused(Encode(Message(Done{1, FinishReason::kStop, -4, 0})), "negative cached");
   ExpectRefused(Encode(Message(AuditRequest{1, 5, 5})), "is empty");
-  ExpectRefused(Encode(Message(HopDigest{1, 1, 0, 0, 1, 2})), "no rows");
+  ExpectRefused(Encode(Message(HopDigest{1, 1, 0, 0, {}, {}, false, {}})), "no rows");
+  ExpectRefused(Encode(Message(HopReceipt{1, 1, 0, 0, {}, {}})), "no rows");
   ExpectRefused(Encode(Message(AuditData{1, 1, 0, {1.0f, 2.0f, 3.0f}})), "whole number of rows", 2);
+}
+
+// The audit's digests are BLAKE2b-256: a one-ulp flip changes them, and the receipt MAC
+// depends on its key and on every field (another member cannot make one for a stage).
+TEST(Wire, AuditDigestsAreBlake2bAndReceiptMacsNeedTheKey) {
+  const std::vector<float> rows = {0.5f, -1.25f, 3.0f, 0.0f};
+  std::vector<float> flipped = rows;
+  flipped[2] = std::bit_cast<float>(std::bit_cast<uint32_t>(flipped[2]) ^ 1u);
+  EXPECT_NE(RowsDigest(rows), RowsDigest(flipped));
+  EXPECT_EQ(RowsDigest(rows), RowsDigest(std::vector<float>(rows)));
+  std::array<uint8_t, 32> key{}, other{};
+  other[0] = 1;
+  HopReceipt r{7, 2, 40, 1, RowsDigest(rows), {}};
+  const Digest mac = ReceiptMac(key, 99, r);
+  EXPECT_NE(mac, ReceiptMac(other, 99, r));  // the wrong key
+  EXPECT_NE(mac, ReceiptMac(key, 98, r));    // another model
+  HopReceipt moved = r;
+  moved.token_index = 41;
+  EXPECT_NE(mac, ReceiptMac(key, 99, moved));
+  moved = r;
+  moved.digest = RowsDigest(flipped);
+  EXPECT_NE(mac, ReceiptMac(key, 99, moved));
+}
+
+// XXH64 (the audit's old digest, seed "AUDT") is not a cryptographic hash: with the
+// accumulator of one lane known, the 8 bytes of the next stripe's lane that undo a change
+// can be solved for. Forge a 64-float row that differs from an honest one but has its XXH64,
+// and show the BLAKE2b digest tells them apart.
+uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+uint64_t InverseMod64(uint64_t a) {  // a odd: Newton's iteration doubles the good bits
+  uint64_t x = a;
+  for (int i = 0; i < 6; ++i) x *= 2 - a * x;
+  return x;
+}
+std::optional<std::vector<float>> ForgeXxh64(const std::vector<float>& honest, uint64_t seed) {
+  constexpr uint64_t P1 = 0x9E3779B185EBCA87ull, P2 = 0xC2B2AE3D27D4EB4Full;
+  auto round = [&](uint64_t acc, uint64_t in) { return Rotl(acc + in * P2, 31) * P1; };
+  const uint64_t init[4] = {seed + P1 + P2, seed + P2, seed, seed - P1};
+  const size_t lanes = honest.size() / 2;  // 8-byte lanes; 4 per 32-byte stripe
+  for (size_t stripe = 0; stripe + 1 < lanes / 4; ++stripe)
+    for (int lane = 0; lane < 4; ++lane)
+      for (int bit = 0; bit < 23; ++bit) {
+        std::vector<float> f = honest;
+        auto lane_of = [&](size_t st) {
+          uint64_t v;
+          std::memcpy(&v, &f[(st * 4 + static_cast<size_t>(lane)) * 2], 8);
+          return v;
+        };
+        uint64_t acc = init[lane];
+        for (size_t st = 0; st < stripe; ++st) acc = round(acc, lane_of(st));
+        const uint64_t target = round(round(acc, lane_of(stripe)), lane_of(stripe + 1));
+        f[(stripe * 4 + static_cast<size_t>(lane)) * 2] =
+            std::bit_cast<float>(std::bit_cast<uint32_t>(f[(stripe * 4 + static_cast<size_t>(lane)) * 2]) ^ (1u << bit));
+        const uint64_t changed = round(acc, lane_of(stripe));
+        const uint64_t fix = (Rotl(target * InverseMod64(P1), 33) - changed) * InverseMod64(P2);
+        std::memcpy(&f[((stripe + 1) * 4 + static_cast<size_t>(lane)) * 2], &fix, 8);
+        const size_t at = ((stripe + 1) * 4 + static_cast<size_t>(lane)) * 2;
+        if (std::isfinite(f[at]) && std::isfinite(f[at + 1])) return f;
+      }
+  return std::nullopt;
+}
+
+TEST(Wire, ARowForgedToCollideUnderXxh64HasAnotherBlake2bDigest) {
+  std::vector<float> honest(64);
+  for (size_t i = 0; i < honest.size(); ++i) honest[i] = 0.01f * static_cast<float>(i) - 0.3f;
+  auto forged = ForgeXxh64(honest, 0x41554454u /* the old audit seed, "AUDT" */);
+  ASSERT_TRUE(forged.has_value()) << "no finite forgery found";
+  EXPECT_NE(*forged, honest);
+  for (float v : *forged) EXPECT_TRUE(std::isfinite(v));
+  // The forgery works against the old digest...
+  EXPECT_EQ(XXH64(forged->data(), forged->size() * 4, 0x41554454u), XXH64(honest.data(), honest.size() * 4, 0x41554454u));
+  // ...and not against the one the audit uses now.
+  EXPECT_NE(RowsDigest(*forged), RowsDigest(honest));
 }
 
 TEST(Wire, RefusesAddressesThatAreNotTcpHostPort) {
@@ -237,10 +328,11 @@ TEST(Wire, ModelHashSeparatesModelsRevisionsAndIndexes) {
 // crash or read out of bounds (this test also runs under ASan+UBSan).
 TEST(Wire, MutatedFramesNeverCrashTheDecoder) {
   std::vector<std::vector<uint8_t>> seeds = {
+      Encode(Message(HopReceipt{1, 1, 2, 1, {}, {}})),
       Encode(Message(MakeAssignment())), Encode(Message(MakeActivation(2, 8))),
       Encode(Message(Hello{kProtocolVersion, 1, 1.0, 2, 3, "scalar", "id", "n"})), Encode(Message(ErrorMsg{1, "x"})),
       Encode(Message(Done{1, FinishReason::kStop})), Encode(Message(Progress{1, 1, 2, 3})),
-      Encode(Message(StageStats{1, 1, 2, 0.5})), Encode(Message(HopDigest{1, 1, 2, 1, 5, 6})),
+      Encode(Message(StageStats{1, 1, 2, 0.5})), Encode(Message(HopDigest{1, 1, 2, 1, {}, {}, true, HopReceipt{1, 0, 2, 1, {}, {}}})),
       Encode(Message(AuditRequest{1, 0, 4})), Encode(Message(AuditData{1, 1, 0, {1.0f, 2.0f}})),
       Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:4444", Hello{kProtocolVersion, 1, 1.0, 2, 3, "s", "i", "n"}, kKey}}}))};
   std::mt19937_64 rng(1234);
