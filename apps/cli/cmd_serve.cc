@@ -254,7 +254,7 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
                                  "compute device) until Ctrl-C");
   sub->add_option("--port", f->port, "Port of the web UI, the API and the rendezvous (default 8788)")
       ->check(CLI::Range(1, 65535));
-  sub->add_option("--host", f->host, "Address to listen on and that devices reach this one at (default 127.0.0.1)");
+  sub->add_option("--host", f->host, "Address to listen on and that devices reach this one at (default 127.0.0.1; any other serves the port to the network, with a warning: the UI then answers only the admin secret, the API only --api-key)");
   sub->add_option("--room", f->room, "Room code (default: default)");
   sub->add_option("--name", f->name, "Name of this device (default: the host name)");
   sub->add_option("--model", f->model, "Load this model at start (local folder or Hub repo id owner/name[@revision])");
