@@ -3,10 +3,12 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace daisy::e2e {
 
@@ -37,6 +39,23 @@ inline RunResult RunCli(const std::string& env_prefix, const std::string& args, 
   r.out = ReadAll(out);
   r.err = ReadAll(err);
   return r;
+}
+
+// The admin secret of a `serve` whose stderr goes to `log_path`, as its operator gets it:
+// from the web UI's URL it prints ("web UI: http://HOST:PORT/?token=SECRET"). Waits up to
+// 20 s for the line; "" when it never came.
+inline std::string AdminSecretFromLog(const std::string& log_path) {
+  const std::string mark = "/?token=";
+  for (int i = 0; i < 400; ++i) {
+    const std::string log = ReadAll(log_path);
+    const size_t at = log.find(mark);
+    if (at != std::string::npos) {
+      const size_t end = log.find_first_of(" \n", at);
+      if (end != std::string::npos) return log.substr(at + mark.size(), end - at - mark.size());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "";
 }
 
 }  // namespace daisy::e2e

@@ -1,14 +1,20 @@
 // `daisychain serve` end to end with real processes and real sockets on 127.0.0.1: a serve
 // with the bundled model loaded at start and one node joined through the public port (the
 // port mux), then the HTTP surface of docs/HTTP.md through an httplib client.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "daisy/net.h"
 #include "e2e_util.h"
 #include "model_maker.h"
 #include "proc_util.h"
@@ -39,9 +45,12 @@ class ServerTest : public ::testing::Test {
     node_ =
         new Proc(Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port_), "--name", "node-1"},
                              {"DAISY_HOME=" + (tmp_ / "node").string()}, (tmp_ / "node.log").string()));
+    secret_ = e2e::AdminSecretFromLog((tmp_ / "serve.log").string());
+    ASSERT_FALSE(secret_.empty()) << "serve printed no UI URL with its secret: "
+                                  << e2e::ReadAll((tmp_ / "serve.log").string());
     // Ready when the model is listed and the node has joined through the mux.
     for (int i = 0; i < 600; ++i) {
-      httplib::Client cli("127.0.0.1", port_);
+      auto cli = Client();
       auto m = cli.Get("/v1/models");
       auto s = cli.Get("/api/state");
       if (m && m->status == 200 && s && s->status == 200) {
@@ -66,9 +75,11 @@ class ServerTest : public ::testing::Test {
     fs::remove_all(tmp_, ec);
   }
 
+  // The host's client: it sends the admin cookie that the printed URL sets.
   static httplib::Client Client() {
     httplib::Client cli("127.0.0.1", port_);
     cli.set_read_timeout(60, 0);
+    cli.set_default_headers({{"Cookie", "daisy_admin=" + secret_}});
     return cli;
   }
   static std::pair<int, Json> PostJson(const std::string& path, const std::string& body) {
@@ -140,11 +151,13 @@ class ServerTest : public ::testing::Test {
   }
 
   static fs::path tmp_;
+  static std::string secret_;
   static int port_;
   static Proc* serve_;
   static Proc* node_;
 };
 fs::path ServerTest::tmp_;
+std::string ServerTest::secret_;
 int ServerTest::port_ = 0;
 Proc* ServerTest::serve_ = nullptr;
 Proc* ServerTest::node_ = nullptr;
@@ -496,6 +509,9 @@ TEST(ServeJoin, ADeviceWaitsWithItsFingerprintUntilTheHostApprovesIt) {
   Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--no-compute", "--approve", known_fpr},
                            {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
   httplib::Client cli("127.0.0.1", port);
+  const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
+  ASSERT_FALSE(secret.empty()) << e2e::ReadAll((tmp / "serve.log").string());
+  cli.set_default_headers({{"Cookie", "daisy_admin=" + secret}});  // the host's UI
   std::string server_fpr;
   for (int i = 0; i < 400 && server_fpr.empty(); ++i) {
     auto r = cli.Get("/api/key");
@@ -593,6 +609,9 @@ TEST(ServeChat, TemplatesRenderAndChatCompletionsRunOnAModelThatHasOne) {
       {"DAISY_HOME=" + (tmp / "home").string()}, (tmp / "serve.log").string());
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(60, 0);
+  const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
+  ASSERT_FALSE(secret.empty()) << e2e::ReadAll((tmp / "serve.log").string());
+  cli.set_default_headers({{"Cookie", "daisy_admin=" + secret}});
   bool up = false;
   for (int i = 0; i < 600 && !up; ++i) {
     auto r = cli.Get("/v1/models");
@@ -653,8 +672,12 @@ TEST(ServeQueue, ARequestWaitsBehindTheRingHolderAndLeavesTheQueueWhenItsClientG
                   {"DAISY_HOME=" + (tmp / "home").string(), "HF_ENDPOINT=http://127.0.0.1:" + std::to_string(hub_port),
                    "HF_TOKEN="},
                   (tmp / "serve.log").string()));
+  const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
+  ASSERT_FALSE(secret.empty()) << e2e::ReadAll((tmp / "serve.log").string());
+  const httplib::Headers host_cookie = {{"Cookie", "daisy_admin=" + secret}};
   auto state = [&]() -> Json {
     httplib::Client cli("127.0.0.1", port);
+    cli.set_default_headers(host_cookie);
     auto r = cli.Get("/api/state");
     return r && r->status == 200 ? Json::parse(r->body, nullptr, false) : Json();
   };
@@ -672,6 +695,7 @@ TEST(ServeQueue, ARequestWaitsBehindTheRingHolderAndLeavesTheQueueWhenItsClientG
   std::thread loader([&] {
     httplib::Client cli("127.0.0.1", port);
     cli.set_read_timeout(120, 0);
+    cli.set_default_headers(host_cookie);
     (void)cli.Post("/api/load", R"({"model": "someone/slow-model"})", "application/json");
   });
   EXPECT_TRUE(wait_for([](const Json& s) { return s["busy"] == true; }));
@@ -690,6 +714,7 @@ TEST(ServeQueue, ARequestWaitsBehindTheRingHolderAndLeavesTheQueueWhenItsClientG
              got.find("\n\n", got.find("event: queued")) == std::string::npos;
     };
     httplib::Client cli("127.0.0.1", port);
+    cli.set_default_headers(host_cookie);
     (void)cli.send(req);  // returns when the receiver hangs up
   });
   waiter.join();
@@ -719,6 +744,9 @@ TEST(ServeAudit, ARiggedNodeIsCaughtAndTheAnswerIsTheSingleDeviceOne) {
                           {"DAISY_HOME=" + (tmp / "node").string(), "DAISY_TEST_FLIP_EVERY=7"}, (tmp / "node.log").string());
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(120, 0);
+  const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
+  ASSERT_FALSE(secret.empty()) << e2e::ReadAll((tmp / "serve.log").string());
+  cli.set_default_headers({{"Cookie", "daisy_admin=" + secret}});
   bool ready = false;
   for (int i = 0; i < 600 && !ready; ++i) {
     auto s = cli.Get("/api/state");
@@ -786,6 +814,132 @@ TEST(ServeAudit, ARiggedNodeIsCaughtAndTheAnswerIsTheSingleDeviceOne) {
   EXPECT_EQ(serve.Wait(15), 0);
   std::error_code ec;
   fs::remove_all(tmp, ec);
+}
+
+// One HTTP request to 127.0.0.1:port from the local address `from` (any of 127.0.0.0/8 is
+// this machine on Linux: 127.0.0.2 plays "another device" without leaving it). Returns
+// the status (-1: no answer within 10 s) and the body.
+std::pair<int, std::string> RequestFrom(const std::string& from, int port, const std::string& request) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in me{};
+  me.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from.c_str(), &me.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&me), sizeof me) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0 ||
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+    ::close(fd);
+    return {-1, "cannot connect from " + from};
+  }
+  std::string got;
+  for (int i = 0; i < 100; ++i) {  // the refusals close the connection; 10 s at most
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+    const size_t head = got.find("\r\n\r\n"), cl = got.find("Content-Length: ");
+    if (head != std::string::npos && cl != std::string::npos && cl < head &&
+        got.size() >= head + 4 + std::stoul(got.substr(cl + 16)))
+      break;
+  }
+  ::close(fd);
+  if (got.rfind("HTTP/1.1 ", 0) != 0) return {-1, got};
+  const size_t head = got.find("\r\n\r\n");
+  return {std::stoi(got.substr(9, 3)), head == std::string::npos ? "" : got.substr(head + 4)};
+}
+
+// Issue 12 through the real port: the mux tells the server who is asking. A device waits
+// for approval; requests from another address (127.0.0.2) without the secret, a
+// cross-origin form post and a forged Host are refused and the device stays pending; the
+// OpenAI API (no --api-key) answers this machine only; the host's secret works from the
+// other address too (the UI on another device), and --admin-secret-file holds the same one.
+TEST(ServeAccess, StrangersThroughThePortAreRefusedAndNoDeviceIsApproved) {
+  char tmpl[] = "/tmp/daisy_serve_access_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  const int port = e2e::FreePort();
+  const std::string hp = "127.0.0.1:" + std::to_string(port);
+  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--no-compute", "--admin-secret-file",
+                            (tmp / "secret").string()},
+                           {"DAISY_HOME=" + (tmp / "home").string()}, (tmp / "serve.log").string());
+  const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
+  ASSERT_EQ(secret.size(), 64u) << e2e::ReadAll((tmp / "serve.log").string());
+  EXPECT_EQ(e2e::ReadAll((tmp / "secret").string()), secret + "\n");
+  EXPECT_EQ(fs::status(tmp / "secret").permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  const std::string log = e2e::ReadAll((tmp / "serve.log").string());
+  EXPECT_NE(log.find("answers only on this machine"), std::string::npos) << log;
+  EXPECT_EQ(log.find("WARNING: --host"), std::string::npos) << log;  // loopback: nothing served to the network
+
+  // A device asks to join (as `node` does: no secret needed for that).
+  const Json join = {{"room", "default"}, {"public_key", net::NewKeyPair().public_key}, {"name", "stranger"}};
+  httplib::Client device("127.0.0.1", port);
+  auto asked = device.Post("/api/join", join.dump(), "application/json");
+  for (int i = 0; i < 400 && !asked; ++i) {  // serve may still be starting
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    asked = device.Post("/api/join", join.dump(), "application/json");
+  }
+  ASSERT_TRUE(asked) << e2e::ReadAll((tmp / "serve.log").string());
+  ASSERT_EQ(asked->status, 200) << asked->body;
+  const std::string fpr = Json::parse(asked->body)["fingerprint"];
+  auto pending = [&] {
+    auto again = device.Post("/api/join", join.dump(), "application/json");
+    return again && again->status == 200 && Json::parse(again->body)["status"] == "pending";
+  };
+  ASSERT_TRUE(pending());
+
+  const std::string body = Json{{"id", fpr}}.dump();
+  auto post = [&](const std::string& headers, const std::string& content) {
+    return "POST /api/approve HTTP/1.1\r\nHost: " + hp + "\r\n" + headers + "Content-Length: " +
+           std::to_string(content.size()) + "\r\n\r\n" + content;
+  };
+  const std::string cookie = "Cookie: daisy_admin=" + secret + "\r\n";
+  // Another address, no secret: refused.
+  auto r = RequestFrom("127.0.0.2", port, post("Content-Type: application/json\r\n", body));
+  EXPECT_EQ(r.first, 401) << r.second;
+  EXPECT_EQ(r.second.find(secret), std::string::npos);
+  // This machine, no secret: refused too.
+  r = RequestFrom("127.0.0.1", port, post("Content-Type: application/json\r\n", body));
+  EXPECT_EQ(r.first, 401) << r.second;
+  // A cross-origin form post (the browser would add the cookie only were it not Strict).
+  r = RequestFrom("127.0.0.1", port,
+                  post("Origin: http://evil.example\r\nContent-Type: application/x-www-form-urlencoded\r\n" + cookie,
+                       "id=" + fpr));
+  EXPECT_EQ(r.first, 415) << r.second;
+  r = RequestFrom("127.0.0.1", port, post("Origin: http://evil.example\r\nContent-Type: application/json\r\n" + cookie, body));
+  EXPECT_EQ(r.first, 403) << r.second;
+  // A forged Host (DNS rebinding), with the secret even.
+  r = RequestFrom("127.0.0.1", port,
+                  "POST /api/approve HTTP/1.1\r\nHost: evil.example:" + std::to_string(port) +
+                      "\r\nContent-Type: application/json\r\n" + cookie + "Content-Length: " + std::to_string(body.size()) +
+                      "\r\n\r\n" + body);
+  EXPECT_EQ(r.first, 403) << r.second;
+  EXPECT_TRUE(pending()) << "a refused request approved the device";
+  // The OpenAI API without --api-key: this machine, not another address.
+  const std::string models = "GET /v1/models HTTP/1.1\r\nHost: " + hp + "\r\n\r\n";
+  r = RequestFrom("127.0.0.2", port, models);
+  EXPECT_EQ(r.first, 403) << r.second;
+  EXPECT_NE(r.second.find("127.0.0.2"), std::string::npos) << r.second;
+  r = RequestFrom("127.0.0.1", port, models);
+  EXPECT_EQ(r.first, 200) << r.second;
+  // The host, from the other address with the secret: the token URL, then its UI's API.
+  r = RequestFrom("127.0.0.2", port, "GET /?token=" + secret + " HTTP/1.1\r\nHost: " + hp + "\r\n\r\n");
+  EXPECT_EQ(r.first, 200) << r.second;
+  r = RequestFrom("127.0.0.2", port, "GET /api/state HTTP/1.1\r\nHost: " + hp + "\r\n" + cookie + "\r\n");
+  EXPECT_EQ(r.first, 200) << r.second;
+  r = RequestFrom("127.0.0.2", port, post("Origin: http://" + hp + "\r\nContent-Type: application/json\r\n" + cookie, body));
+  EXPECT_EQ(r.first, 200) << r.second;
+  EXPECT_FALSE(pending()) << "the host's approval did not take";
+  ::kill(serve.pid(), SIGINT);
+  EXPECT_EQ(serve.Wait(15), 0);
+  if (!HasFailure()) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  }
 }
 
 }  // namespace

@@ -404,7 +404,14 @@
   async function refreshState() {
     try {
       const res = await fetch('/api/state', { cache: 'no-store' });
+      if (res.status === 401) {
+        // The cookie is gone (another browser, cleared cookies, serve restarted with a new secret).
+        ui.noSecret = true;
+        setConn('down', 'not signed in: open the URL that `daisychain serve` printed (it ends with ?token=…)');
+        return;
+      }
       if (!res.ok) throw new Error(await errorOf(res));
+      ui.noSecret = false;
       applyState(await res.json());
     } catch (e) {
       // The event stream reports the connection; nothing more to say here.
@@ -748,7 +755,7 @@
     if (ui.events) { ui.events.close(); ui.events = null; }
     if (ui.eventsTimer) return;
     const delay = Math.min(10000, 500 * Math.pow(2, ui.eventsRetry++));
-    setConn('down', 'connection lost, reconnecting in ' + Math.ceil(delay / 1000) + ' s…');
+    if (!ui.noSecret) setConn('down', 'connection lost, reconnecting in ' + Math.ceil(delay / 1000) + ' s…');
     ui.eventsTimer = setTimeout(() => { ui.eventsTimer = null; connectEvents(); refreshState(); }, delay);
   }
 

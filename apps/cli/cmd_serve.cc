@@ -1,12 +1,16 @@
 // daisychain serve: the room's rendezvous, a long-lived head (HeadSession), the web UI and
 // the OpenAI-compatible API, and a compute device unless --no-compute, all behind one port:
 // the port mux hands ZeroMQ connections to the rendezvous and HTTP to the server.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -35,8 +39,23 @@ struct ServeFlags {
   bool no_compute = false;
   bool no_cache = false;
   int stages = 0;
+  std::string api_key;            // "": the OpenAI API answers this machine only
+  std::string admin_secret_file;  // where to write the UI's admin secret ("" : nowhere)
+  std::vector<std::string> allow_hosts;
   SessionOptions session;  // --audit, --audit-seed
 };
+
+// The admin secret for scripts and tests (--admin-secret-file): owner-only, as a token file.
+Status WriteSecretFile(const std::string& path, const std::string& secret) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return InvalidArgument("cannot write --admin-secret-file " + path + ": " + std::strerror(errno));
+  ::fchmod(fd, 0600);  // an existing file keeps its mode through O_CREAT
+  const std::string line = secret + "\n";
+  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  ::close(fd);
+  if (!ok) return InvalidArgument("cannot write --admin-secret-file " + path);
+  return Status();
+}
 
 int PortOf(const std::string& tcp_address) {
   return std::stoi(tcp_address.substr(tcp_address.rfind(':') + 1));
@@ -105,6 +124,11 @@ int RunServe(const ServeFlags& f) {
   sv.session = session->get();
   sv.hub = hub;
   sv.compute_device_id = compute_id;
+  sv.api_key = f.api_key;
+  sv.allowed_hosts = f.allow_hosts;
+  // A name given to --host is how browsers will reach this server: its Host header is ours.
+  if (!f.host.empty() && f.host.find_first_not_of("0123456789.:[]") != std::string::npos)
+    sv.allowed_hosts.push_back(f.host);
   // Join requests reach the server through the mux: it knows who is really asking.
   std::atomic<net::PortMux*> mux_now{nullptr};
   sv.source_of = [&mux_now](int remote_port) -> std::string {
@@ -113,6 +137,11 @@ int RunServe(const ServeFlags& f) {
   };
   auto server = Server::Start(sv);
   if (!server.ok()) return ReportError(server.status().message());
+  const std::string& secret = (*server)->admin_secret();
+  if (!f.admin_secret_file.empty()) {
+    Status st = WriteSecretFile(f.admin_secret_file, secret);
+    if (!st.ok()) return ReportError(st.message(), 2);
+  }
 
   net::PortMuxOptions mo;
   mo.host = f.host;
@@ -141,8 +170,22 @@ int RunServe(const ServeFlags& f) {
     });
   }
 
-  std::fprintf(stderr, "web UI: http://%s/\n", public_hp.c_str());
-  std::fprintf(stderr, "OpenAI-compatible API: http://%s/v1\n", public_hp.c_str());
+  // As Jupyter: the UI's URL carries the admin secret; whoever opens it is the host.
+  std::fprintf(stderr, "web UI: http://%s/?token=%s\n", public_hp.c_str(), secret.c_str());
+  std::fprintf(stderr, "  (this URL is the host's key to the UI: approvals, loads, turns; do not share it)\n");
+  if (f.api_key.empty())
+    std::fprintf(stderr,
+                 "OpenAI-compatible API: http://%s/v1 (answers only on this machine: give --api-key KEY to open it "
+                 "to other devices)\n",
+                 public_hp.c_str());
+  else
+    std::fprintf(stderr, "OpenAI-compatible API: http://%s/v1 (needs \"Authorization: Bearer\" with the --api-key)\n",
+                 public_hp.c_str());
+  if (!ListensOnLoopbackOnly(f.host))
+    std::fprintf(stderr,
+                 "WARNING: --host %s serves this port to the network: every device that reaches it can ask to join; "
+                 "the web UI answers only the admin secret above%s\n",
+                 f.host.c_str(), f.api_key.empty() ? "" : ", the OpenAI API only the --api-key");
   std::fprintf(stderr, "rendezvous on %s, room '%s'\n", public_hp.c_str(), f.room.c_str());
   std::fprintf(stderr, "server key fingerprint: %s\n", server_fpr.c_str());
   std::fprintf(stderr, "devices join with:  %s\n", join_line.c_str());
@@ -211,7 +254,7 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
                                  "compute device) until Ctrl-C");
   sub->add_option("--port", f->port, "Port of the web UI, the API and the rendezvous (default 8788)")
       ->check(CLI::Range(1, 65535));
-  sub->add_option("--host", f->host, "Address to listen on and that devices reach this one at (default 127.0.0.1)");
+  sub->add_option("--host", f->host, "Address to listen on and that devices reach this one at (default 127.0.0.1; any other serves the port to the network, with a warning: the UI then answers only the admin secret, the API only --api-key)");
   sub->add_option("--room", f->room, "Room code (default: default)");
   sub->add_option("--name", f->name, "Name of this device (default: the host name)");
   sub->add_option("--model", f->model, "Load this model at start (local folder or Hub repo id owner/name[@revision])");
@@ -226,6 +269,16 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
   AddAuditFlags(sub, f->session);
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
+  sub->add_option("--api-key", f->api_key,
+                  "Key the OpenAI-compatible API requires as \"Authorization: Bearer KEY\" (also $DAISY_API_KEY); "
+                  "without one the API answers only on this machine")
+      ->envname("DAISY_API_KEY");
+  sub->add_option("--admin-secret-file", f->admin_secret_file,
+                  "Also write the web UI's admin secret (made at start, printed in the UI's URL) to this file, mode "
+                  "0600, for scripts");
+  sub->add_option("--allow-host", f->allow_hosts,
+                  "A host name browsers may reach this server by (repeatable; IP addresses, localhost and a name "
+                  "given to --host are always allowed; other Host headers are refused against DNS rebinding)");
   return [f] { return RunServe(*f); };
 });
 

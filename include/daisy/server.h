@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "daisy/hub.h"
 #include "daisy/status.h"
@@ -36,6 +37,15 @@ struct ServerOptions {
   // server sees it from ("" when unknown): join requests are rate-limited per source.
   std::function<std::string(int remote_port)> source_of;
   int default_stages = 0;                 // split when a request names none (0: automatic)
+  // Access (docs/HTTP.md, "Access"). The host's UI (/, /api/* but the join endpoints) needs
+  // this secret, in the cookie that GET /?token=SECRET sets; "": one is made at start
+  // (admin_secret() says which).
+  std::string admin_secret;
+  // The OpenAI-compatible API (/v1/*, /apply-template) needs "Authorization: Bearer KEY";
+  // "": it answers only clients on this machine (127.0.0.1, ::1).
+  std::string api_key;
+  // Host-header names served besides IP literals and localhost (against DNS rebinding).
+  std::vector<std::string> allowed_hosts;
   // Limits against clients that hold connections (docs/HTTP.md, "Limits"). Each open
   // connection has a thread of its own, so event streams and slow clients never take the
   // threads that answer everyone else; past `threads`, new connections wait for one.
@@ -57,6 +67,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   int port() const;
+  // The admin secret of the host's UI (ServerOptions::admin_secret, or the one made).
+  const std::string& admin_secret() const;
   // Loads SRC as the session's model (as POST /api/load does) and reads its chat template.
   Status Load(const std::string& source, int ctx);
 
@@ -65,6 +77,10 @@ class Server {
   explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// True when a server listening on `host` is reachable from this machine only (127.0.0.0/8,
+// ::1, localhost); serve warns at start otherwise.
+bool ListensOnLoopbackOnly(const std::string& host);
 
 // Only the join endpoints of a rendezvous (GET /api/key, POST /api/join; docs/HTTP.md),
 // for a room run without the rest of serve (the demo). Thread-safe.

@@ -212,13 +212,20 @@ class DeadlineStream final : public httplib::Stream {
 
 // The stream of the request this thread is reading, for the pre-routing handler.
 thread_local DeadlineStream* t_stream = nullptr;
+// Set when the guard refused the request: its body is unread, so the connection ends.
+thread_local bool t_refused = false;
 
 }  // namespace
 
 GuardedHttpServer::GuardedHttpServer(const ConnectionLimits& limits) : limits_(limits) {
   new_task_queue = [max = limits.max_threads, warm = limits.warm_threads] { return new ConnectionThreads(max, warm); };
   // Called once the headers are in, before the body is read: the body gets its own deadline.
-  set_pre_routing_handler([body = limits.body_timeout_s](const httplib::Request&, httplib::Response&) {
+  set_pre_routing_handler([this, body = limits.body_timeout_s](const httplib::Request& req, httplib::Response& res) {
+    if (guard_ && guard_(req, res)) {
+      t_refused = true;
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (t_stream) t_stream->SetDeadline(Clock::now() + Seconds(body));
     return httplib::Server::HandlerResponse::Unhandled;
   });
@@ -247,10 +254,12 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     strm.SetDeadline(Clock::now() + Seconds(limits_.header_timeout_s));
     bool connection_closed = false;
     t_stream = &strm;
+    t_refused = false;
     ret = process_request(strm, /*close_connection=*/left == 1, connection_closed, nullptr);
     t_stream = nullptr;
-    // A client that missed its deadline is done: it gets no second request.
-    if (!ret || connection_closed || strm.expired()) break;
+    // A client that missed its deadline is done: it gets no second request. Nor does one
+    // refused before its body was read (the bytes that follow are that body).
+    if (!ret || connection_closed || strm.expired() || t_refused) break;
   }
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);

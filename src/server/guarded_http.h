@@ -12,6 +12,7 @@
 #include <httplib.h>
 
 #include <cstddef>
+#include <functional>
 
 namespace daisy::srv {
 
@@ -35,11 +36,18 @@ class GuardedHttpServer : public httplib::Server {
   // more to retry. 128 is what the port mux uses.
   void WidenBacklog(int backlog = 128);
 
+  // Looks at each request once its headers are in, before its body is read: returns true
+  // when it wrote a refusal into the response, which is sent as is; the connection is then
+  // closed (its body is never read). Set before listening.
+  using Guard = std::function<bool(const httplib::Request&, httplib::Response&)>;
+  void SetGuard(Guard guard) { guard_ = std::move(guard); }
+
  private:
   // Replaces httplib's per-connection loop: keep-alive, deadlines, then process_request.
   bool process_and_close_socket(socket_t sock) override;
 
   ConnectionLimits limits_;
+  Guard guard_;
 };
 
 }  // namespace daisy::srv

@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "access.h"
 #include "api.h"
 #include "assets.h"
 #include "chat.h"
@@ -180,8 +181,14 @@ srv::ConnectionLimits LimitsOf(const ServerOptions& o) {
 }  // namespace
 
 struct Server::Impl {
-  explicit Impl(const ServerOptions& o) : options(o), http(LimitsOf(o)) {}
+  explicit Impl(const ServerOptions& o) : options(o), http(LimitsOf(o)) {
+    if (options.admin_secret.empty()) options.admin_secret = srv::NewSecret();
+    policy.admin_secret = options.admin_secret;
+    policy.api_key = options.api_key;
+    policy.allowed_hosts = options.allowed_hosts;
+  }
   ServerOptions options;
+  srv::AccessPolicy policy;
   srv::GuardedHttpServer http;
   int port = 0;
   std::thread listen_thread;
@@ -1068,9 +1075,66 @@ struct Server::Impl {
         });
   }
 
+  // Access (access.h): decided on the headers, before the body is read.
+  bool Refuse(const httplib::Request& req, httplib::Response& res) const {
+    srv::AccessRequest a;
+    a.method = req.method;
+    a.path = req.path;
+    if (req.has_header("Host")) a.host = req.get_header_value("Host");
+    if (req.has_header("Origin")) a.origin = req.get_header_value("Origin");
+    a.content_type = req.get_header_value("Content-Type");
+    for (size_t i = 0, n = req.get_header_value_count("Cookie"); i < n; ++i)
+      a.cookie += (i ? "; " : "") + req.get_header_value("Cookie", i);
+    a.authorization = req.get_header_value("Authorization");
+    a.token = req.get_param_value("token");
+    a.client = ClientOf(req);
+    auto refusal = srv::CheckAccess(policy, a);
+    if (!refusal) return false;
+    if (refusal->status == 401 && srv::ClassOf(req.path) == srv::EndpointClass::kPage) {
+      // A person at a browser: say in words how to get in.
+      res.status = 401;
+      res.set_content("<!doctype html><meta charset=\"utf-8\"><title>DaisyChain</title><p>" + refusal->message +
+                          "</p>\n",
+                      "text/html; charset=utf-8");
+      return true;
+    }
+    if (refusal->code == "invalid_api_key") res.set_header("WWW-Authenticate", "Bearer");
+    SendError(res, *refusal);
+    return true;
+  }
+
+  // GET / and /index.html: the UI for the holder of the admin cookie; GET /?token=SECRET
+  // sets that cookie. It answers with a page that moves on to / itself rather than a 303:
+  // a SameSite=Strict cookie is not sent on a redirect that a cross-site link started,
+  // while a navigation the page makes is same-site. The token leaves the address bar.
+  void HandlePage(const std::string& path, const httplib::Request& req, httplib::Response& res) const {
+    const std::string token = req.get_param_value("token");
+    if (!token.empty()) {
+      res.set_header("Cache-Control", "no-store");
+      res.set_header("Referrer-Policy", "no-referrer");
+      if (!srv::SecretEquals(token, policy.admin_secret)) {
+        res.status = 403;
+        res.set_content(
+            "<!doctype html><meta charset=\"utf-8\"><title>DaisyChain</title><p>This is not the admin secret of "
+            "this server: open the URL that `daisychain serve` printed at its start.</p>\n",
+            "text/html; charset=utf-8");
+        return;
+      }
+      res.set_header("Set-Cookie", srv::AdminCookie(req.get_header_value("Host"), policy.admin_secret));
+      res.set_content(
+          "<!doctype html><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"0; url=/\">"
+          "<title>DaisyChain</title><p><a href=\"/\">Open the web UI</a></p>\n",
+          "text/html; charset=utf-8");
+      return;
+    }
+    ServeAsset(path, res);
+  }
+
   void Routes() {
-    http.Get("/", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/", res); });
-    http.Get("/index.html", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/index.html", res); });
+    http.SetGuard([this](const httplib::Request& req, httplib::Response& res) { return Refuse(req, res); });
+    http.Get("/", [this](const httplib::Request& req, httplib::Response& res) { HandlePage("/", req, res); });
+    http.Get("/index.html",
+             [this](const httplib::Request& req, httplib::Response& res) { HandlePage("/index.html", req, res); });
     http.Get("/app.js", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/app.js", res); });
     http.Get("/style.css", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/style.css", res); });
     http.Get("/api/state", [this](const httplib::Request&, httplib::Response& res) { HandleState(res); });
@@ -1137,6 +1201,14 @@ Server::~Server() {
 
 int Server::port() const {
   return impl_->port;
+}
+
+bool ListensOnLoopbackOnly(const std::string& host) {
+  return srv::IsLoopbackListen(host);
+}
+
+const std::string& Server::admin_secret() const {
+  return impl_->options.admin_secret;
 }
 
 Status Server::Load(const std::string& source, int ctx) {

@@ -34,6 +34,8 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
+const std::string kSecret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
 int Connect(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
@@ -131,6 +133,7 @@ class ServerAbuse : public ::testing::Test {
     sv.hub = so.hub;
     sv.header_timeout_s = 1;  // short, so the test sees slow clients closed
     sv.body_timeout_s = 1;
+    sv.admin_secret = kSecret;
     sv.source_of = [this](int port) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = sources_.find(port);
@@ -164,7 +167,8 @@ class ServerAbuse : public ::testing::Test {
   // Opens GET /api/events from `source` and reads its answer; the connection stays open.
   Answer OpenEvents(const std::string& source, int* fd_out = nullptr) {
     int fd = Open(source);
-    if (fd < 0 || !SendAll(fd, "GET /api/events HTTP/1.1\r\nHost: x\r\n\r\n")) return {};
+    if (fd < 0 || !SendAll(fd, "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: daisy_admin=" + kSecret + "\r\n\r\n"))
+      return {};
     if (fd_out) *fd_out = fd;
     return ReadAnswer(fd, 5000ms);
   }
@@ -172,10 +176,12 @@ class ServerAbuse : public ::testing::Test {
     ::close(fd);
     fds_.erase(std::find(fds_.begin(), fds_.end(), fd));
   }
+  // A client of the host: it holds the admin cookie (what GET /?token=SECRET sets).
   httplib::Client Client() {
     httplib::Client cli("127.0.0.1", server_->port());
     cli.set_connection_timeout(10, 0);  // a bound against a hang, not a timing
     cli.set_read_timeout(10, 0);
+    cli.set_default_headers({{"Cookie", "daisy_admin=" + kSecret}});
     return cli;
   }
 
@@ -286,6 +292,99 @@ TEST_F(ServerAbuse, AFifoInAModelFolderIsRefusedByLoad) {
   auto state = Client().Get("/api/state");
   ASSERT_TRUE(state);
   EXPECT_EQ(Json::parse(state->body, nullptr, false).value("busy", true), false) << state->body;
+}
+
+// Issue 12: the host's controls belong to the host. A device asks to join; then a
+// cross-origin form POST, requests without the secret, a request from another address and
+// one with a forged Host all try to approve it (or to use the host's ring); every one is
+// refused and the device stays pending, until the host approves it with the secret.
+TEST_F(ServerAbuse, OnlyTheHostApprovesAndStrangersAreRefused) {
+  const Json join = {{"room", "default"}, {"public_key", net::NewKeyPair().public_key}, {"name", "intruder"}};
+  auto asked = Client().Post("/api/join", join.dump(), "application/json");
+  ASSERT_TRUE(asked);
+  ASSERT_EQ(asked->status, 200) << asked->body;
+  const std::string fpr = Json::parse(asked->body)["fingerprint"];
+  auto still_pending = [&] {
+    auto again = Client().Post("/api/join", join.dump(), "application/json");  // the device asking again
+    return again && again->status == 200 && Json::parse(again->body)["status"] == "pending";
+  };
+  const std::string port = std::to_string(server_->port());
+  const std::string body = Json{{"id", fpr}}.dump();
+  // One raw request from `source` ("": 127.0.0.1); its status, or -1.
+  auto raw = [&](const std::string& source, const std::string& head, const std::string& content) {
+    int fd = Open(source);
+    if (fd < 0) return -1;
+    SendAll(fd, head + "Content-Length: " + std::to_string(content.size()) + "\r\n\r\n" + content);
+    Answer a = ReadAnswer(fd, 5000ms);
+    Close(fd);
+    return a.status;
+  };
+  const std::string cookie = "Cookie: daisy_admin=" + kSecret + "\r\n";
+  // A page of another site posts a form (even were the cookie sent along, as SameSite=Lax would).
+  EXPECT_EQ(raw("", "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                        "\r\nOrigin: http://evil.example\r\nContent-Type: application/x-www-form-urlencoded\r\n" + cookie,
+                "id=" + fpr),
+            415);
+  EXPECT_EQ(raw("", "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                        "\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\n" + cookie,
+                body),
+            415);
+  EXPECT_EQ(raw("", "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                        "\r\nOrigin: http://evil.example\r\nContent-Type: application/json\r\n" + cookie,
+                body),
+            403);
+  // Without the secret: from here, and from another address (serve --host on a LAN).
+  for (const char* from : {"", "192.168.1.77"}) {
+    EXPECT_EQ(raw(from, "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\nContent-Type: application/json\r\n",
+                  body),
+              401)
+        << from;
+    EXPECT_EQ(raw(from, "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                            "\r\nContent-Type: application/json\r\nCookie: daisy_admin=" + std::string(64, '0') + "\r\n",
+                  body),
+              401)
+        << from;
+    EXPECT_EQ(raw(from, "GET /api/state HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""), 401) << from;
+    EXPECT_EQ(raw(from, "GET / HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""), 401) << from;
+    EXPECT_EQ(raw(from, "GET /?token=" + std::string(64, '0') + " HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""), 403)
+        << from;
+  }
+  // /api/load says nothing about the host's folders to a stranger: one answer for a folder
+  // that exists and one that does not.
+  for (const std::string& path : {home_.string(), std::string("/no/such/folder")})
+    EXPECT_EQ(raw("192.168.1.77",
+                  "POST /api/load HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\nContent-Type: application/json\r\n",
+                  Json{{"model", path}}.dump()),
+              401)
+        << path;
+  // The OpenAI API (no --api-key): this machine only.
+  EXPECT_EQ(raw("192.168.1.77",
+                "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                    "\r\nContent-Type: application/json\r\nAuthorization: Bearer unused\r\n",
+                R"({"prompt": "x"})"),
+            403);
+  EXPECT_EQ(raw("192.168.1.77", "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""), 403);
+  // DNS rebinding: evil.example resolves here; the browser names it in Host.
+  EXPECT_EQ(raw("", "POST /api/approve HTTP/1.1\r\nHost: evil.example:" + port + "\r\nContent-Type: application/json\r\n" +
+                        cookie,
+                body),
+            403);
+  EXPECT_EQ(raw("", "GET /v1/models HTTP/1.1\r\nHost: evil.example:" + port + "\r\n", ""), 403);
+  // Nobody got the device in.
+  EXPECT_TRUE(still_pending()) << "a refused request approved the device";
+  // The host can: the cookie set by the token URL, then Approve.
+  auto page = Client().Get("/?token=" + kSecret);
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Set-Cookie"), "daisy_admin_" + port + "=" + kSecret + "; Path=/; HttpOnly; SameSite=Strict");
+  httplib::Client host("127.0.0.1", server_->port());
+  host.set_read_timeout(10, 0);
+  host.set_default_headers({{"Cookie", page->get_header_value("Set-Cookie").substr(0, page->get_header_value("Set-Cookie").find(';'))},
+                            {"Origin", "http://127.0.0.1:" + port}});
+  auto approved = host.Post("/api/approve", body, "application/json");
+  ASSERT_TRUE(approved);
+  EXPECT_EQ(approved->status, 200) << approved->body;
+  EXPECT_FALSE(still_pending()) << "the host's approval did not take";
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 //
 // Environment: DAISY_BIN_DIR (the folder of the daisychain binary), DAISY_MODELS (the
 // folder holding stories260K), DAISY_ARTIFACT_DIR (screenshots and logs),
-// DAISY_CHROMIUM (default /usr/bin/chromium). DAISY_UI_URL=http://HOST:PORT runs the
+// DAISY_CHROMIUM (default /usr/bin/chromium). DAISY_UI_URL=http://HOST:PORT/?token=SECRET
+// (the URL serve prints) runs the
 // browser steps against a server that is already running (no processes started).
 import fs from 'node:fs';
 import path from 'node:path';
@@ -38,7 +39,9 @@ await runTest('browser_test', async () => {
   const soft = [];  // failures that let the test go on, reported at the end
   try {
     // ---- the room: serve and two nodes, each with its own DAISY_HOME ----
-    let base = external.replace(/\/$/, '');
+    // The UI is opened as its host opens it: through the URL with the admin secret.
+    let base = external ? new URL(external).origin : '';
+    let openUrl = external;
     if (!base) {
       const port = await freePort();
       const room = 'web' + port;
@@ -48,8 +51,10 @@ await runTest('browser_test', async () => {
         fs.mkdirSync(d, { recursive: true });
         return { DAISY_HOME: d };
       };
-      procs.start('serve', E.bin, ['serve', '--port', String(port), '--room', room, '--name', 'head'], home('serve'));
-      await waitForServe(base, procs);
+      const secretFile = path.join(tmp, 'admin-secret');
+      procs.start('serve', E.bin, ['serve', '--port', String(port), '--room', room, '--name', 'head', '--admin-secret-file', secretFile], home('serve'));
+      const secret = await waitForServe(base, procs, secretFile);
+      openUrl = `${base}/?token=${secret}`;
       for (const n of NODES) {
         procs.start(n, E.bin, ['node', '--join', `127.0.0.1:${port}`, '--room', room, '--name', n], home(n));
       }
@@ -67,9 +72,13 @@ await runTest('browser_test', async () => {
     page.on('console', (m) => { if (m.type() === 'error') console.log('[browser console] ' + m.text()); });
 
     const step = (s) => console.log(`-- ${s}`);
-    step(`open ${base}/`);
-    const resp = await page.goto(base + '/');
-    check(resp && resp.ok(), `GET / answered HTTP ${resp && resp.status()}`);
+    step(`open ${base}/?token=…`);
+    const resp = await page.goto(openUrl);
+    check(resp && resp.ok(), `GET /?token= answered HTTP ${resp && resp.status()}`);
+    // The token page sets the cookie and moves on to / by itself, out of the address bar.
+    await page.waitForURL(base + '/', { timeout: 15000 }).catch(() => {
+      fail(`the token page did not move on to ${base}/ (the page is at ${page.url()})`);
+    });
     await page.waitForSelector('#conn[data-state="live"]', { timeout: 15000 }).catch(() => {
       fail('the UI never said "live": the event stream /api/events did not connect');
     });

@@ -170,16 +170,21 @@ export async function waitFor(what, fn, { timeoutMs = 30000, intervalMs = 100, p
   }
 }
 
-export async function getJSON(url) {
-  const res = await fetch(url, { signal: AbortSignal.timeout(5000) });
+// The host's cookie, for the UI's API (/api/*): serve's admin secret (docs/HTTP.md, "Access").
+function hostHeaders(secret) {
+  return secret ? { Cookie: `daisy_admin=${secret}` } : {};
+}
+
+export async function getJSON(url, secret = '') {
+  const res = await fetch(url, { headers: hostHeaders(secret), signal: AbortSignal.timeout(5000) });
   if (!res.ok) throw new Error(`GET ${url}: HTTP ${res.status} ${await res.text()}`);
   return res.json();
 }
 
-export async function postJSON(url, body) {
+export async function postJSON(url, body, secret = '') {
   const res = await fetch(url, {
     method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
+    headers: { 'Content-Type': 'application/json', ...hostHeaders(secret) },
     body: JSON.stringify(body),
     signal: AbortSignal.timeout(60000),
   });
@@ -189,9 +194,18 @@ export async function postJSON(url, body) {
   return { status: res.status, json, text };
 }
 
-// Waits until `serve` answers GET /api/state.
-export async function waitForServe(base, procs, timeoutMs = 30000) {
-  return waitFor(`${base}/api/state to answer`, () => getJSON(`${base}/api/state`), { timeoutMs, procs, intervalMs: 200 });
+// Waits until `serve` (started with --admin-secret-file secretFile) has written its admin
+// secret and answers GET /api/state with it; returns the secret.
+export async function waitForServe(base, procs, secretFile, timeoutMs = 30000) {
+  const secret = await waitFor(`serve to write its admin secret to ${secretFile}`, () => {
+    try {
+      return fs.readFileSync(secretFile, 'utf8').trim() || null;
+    } catch (_) {
+      return null;
+    }
+  }, { timeoutMs, procs, intervalMs: 100 });
+  await waitFor(`${base}/api/state to answer`, () => getJSON(`${base}/api/state`, secret), { timeoutMs, procs, intervalMs: 200 });
+  return secret;
 }
 
 // Runs main(); prints a clear failure and sets a non-zero exit code. A watchdog ends a

@@ -136,9 +136,10 @@ await runTest('openai_test', async () => {
     // ---- a server with no model: 503, and an empty model list ----
     step('serve without a model');
     const port0 = await freePort();
-    procs.start('serve-empty', E.bin, ['serve', '--port', String(port0), '--room', 'empty' + port0, '--no-compute', '--auto-approve'], home('serve-empty'));
+    procs.start('serve-empty', E.bin, ['serve', '--port', String(port0), '--room', 'empty' + port0, '--no-compute', '--auto-approve',
+      '--admin-secret-file', path.join(tmp, 'secret-empty')], home('serve-empty'));
     const base0 = `http://127.0.0.1:${port0}`;
-    await waitForServe(base0, procs);
+    await waitForServe(base0, procs, path.join(tmp, 'secret-empty'));
     const client0 = new OpenAI({ baseURL: base0 + '/v1', apiKey: 'unused', maxRetries: 0, timeout: 30000 });
     const models0 = await client0.models.list();
     check(Array.isArray(models0.data) && models0.data.length === 0, `GET /v1/models before a load lists ${JSON.stringify(models0.data)}`);
@@ -148,9 +149,10 @@ await runTest('openai_test', async () => {
     // ---- the real server, the bundled model ----
     step('serve --auto-approve --model stories260K');
     const port = await freePort();
-    procs.start('serve', E.bin, ['serve', '--port', String(port), '--room', 'oai' + port, '--auto-approve', '--model', stories], home('serve'));
+    procs.start('serve', E.bin, ['serve', '--port', String(port), '--room', 'oai' + port, '--auto-approve', '--model', stories,
+      '--admin-secret-file', path.join(tmp, 'secret')], home('serve'));
     const base = `http://127.0.0.1:${port}`;
-    await waitForServe(base, procs);
+    const secret = await waitForServe(base, procs, path.join(tmp, 'secret'));
     const client = new OpenAI({ baseURL: base + '/v1', apiKey: 'unused', maxRetries: 0, timeout: 120000 });
     const modelId = await waitFor('the model to show in /v1/models', async () => {
       const m = await client.models.list();
@@ -253,7 +255,7 @@ await runTest('openai_test', async () => {
     step('load a copy of stories260K with a chat template');
     const chatModel = path.join(tmp, 'stories260K-chat');
     copyModelWithTemplate(stories, chatModel);
-    const load = await postJSON(base + '/api/load', { model: chatModel });
+    const load = await postJSON(base + '/api/load', { model: chatModel }, secret);
     check(load.status === 200, `POST /api/load of the chat copy answered ${load.status}: ${load.text}`);
     check(load.json.model && load.json.model.has_chat_template === true, `the loaded copy has no chat template: ${load.text.slice(0, 400)}`);
     const chatId = (await client.models.list()).data[0].id;
