@@ -1,15 +1,17 @@
 # Two commands do everything on a fresh Debian 12 machine (see README.md):
 #   make demo   the main job on the bundled model
-#   make test   build and run every test (plus the parsers under ASan+UBSan)
+#   make test   build and run every test (plus the parsers under ASan+UBSan, the fuzz
+#               smoke, and the arm64 bit-identity tests under qemu)
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
+ARM64_BUILD ?= build-arm64
 FUZZ_SECONDS ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 BIN        := $(BUILD)/apps/cli/daisychain
 
-.PHONY: all deps configure build test test-unit test-asan fuzz-build fuzz fuzz-smoke demo bench clean
+.PHONY: all deps configure build test test-unit test-asan test-arm64 fuzz-build fuzz fuzz-smoke demo bench clean
 
 all: build
 
@@ -49,7 +51,14 @@ fuzz: fuzz-build
 fuzz-smoke: fuzz-build
 	FUZZ_BUILD=$(FUZZ_BUILD) bash scripts/fuzz.sh smoke 5
 
-test: test-unit test-asan fuzz-smoke
+# arm64: the kernels, detmath and forward bit-identity tests (stories260K included, against
+# x86-64's golden digest) cross-built with g++-aarch64-linux-gnu and run under qemu-aarch64
+# (scripts/test-arm64.sh; incremental build in ARM64_BUILD). Prints its build and run time.
+test-arm64: deps
+	@start=$$(date +%s); BUILD_DIR=$(abspath $(ARM64_BUILD)) JOBS=$(JOBS) bash scripts/test-arm64.sh && \
+	  echo "test-arm64: $$(( $$(date +%s) - start )) s in all"
+
+test: test-unit test-asan fuzz-smoke test-arm64
 
 demo: build
 	$(BIN) demo
@@ -58,4 +67,4 @@ bench: build
 	$(BIN) bench
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(ARM64_BUILD)

@@ -291,6 +291,48 @@ TEST_F(Stories, EveryBackendEqualsScalar) {
   if (compared == 0) GTEST_SKIP() << "no SIMD backend is supported on this CPU";
 }
 
+// The cross-ISA guarantee for the whole forward pass, not only the kernels: a 64-bit digest
+// of the teacher-forced logits of the reference sequence and of a 60-token greedy run (ids
+// and every logit bit) on every backend this CPU has, against one value computed by the
+// x86-64 build. scripts/test-arm64.sh runs this test under qemu-aarch64 (NEON and scalar),
+// so arm64 must give exactly x86's bits. Change kGolden only with a deliberate change of the
+// arithmetic (docs/KERNELS.md), never to make one ISA pass.
+TEST_F(Stories, LogitsMatchX86GoldenDigestOnEveryBackend) {
+  constexpr uint64_t kGolden = 0x3a84205f2503d1c7ULL;  // x86-64, scalar = AVX2 = AVX-512 VNNI
+  const nlohmann::json ref = ReadJson(ModelDir() + "/reference/logits.json");
+  const std::vector<int32_t> ids = ref["token_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+  // FNV-1a over bytes: fixed, platform-independent, and needs no library in the cross build.
+  auto fnv = [](uint64_t h, const void* data, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+  };
+  const kernels::Backend before = kernels::ActiveBackend();
+  int checked = 0;
+  for (const auto& st : kernels::BackendReport()) {
+    if (!st.supported || !st.gate_passed) continue;
+    ASSERT_TRUE(kernels::SetBackend(st.backend).ok());
+    LocalPipeline p = Pipeline({5});
+    uint64_t h = 0xcbf29ce484222325ULL;
+    auto all = p.head().ForwardAll(ids, 0);
+    ASSERT_TRUE(all.ok()) << all.status().ToString();
+    h = fnv(h, all->data(), all->size() * sizeof(float));
+    LocalPipeline q = Pipeline({5});
+    std::vector<std::vector<float>> logits;
+    auto gen = testing::GreedyDecode(q.head(), prompt, 60, &logits);
+    ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+    h = fnv(h, gen->data(), gen->size() * sizeof(int32_t));
+    for (const auto& l : logits) h = fnv(h, l.data(), l.size() * sizeof(float));
+    std::printf("stories260K digest on %s: 0x%016llx\n", std::string(kernels::BackendName(st.backend)).c_str(),
+                static_cast<unsigned long long>(h));
+    EXPECT_EQ(h, kGolden) << kernels::BackendName(st.backend) << " gives other bits than x86-64";
+    ++checked;
+  }
+  ASSERT_TRUE(kernels::SetBackend(before).ok());
+  EXPECT_GE(checked, 1);  // scalar at least
+}
+
 TEST_F(Stories, GeneratorFinishReasons) {
   LocalPipeline p = Pipeline({5}, 64);
   Generator gen(p.head());
