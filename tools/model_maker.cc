@@ -282,10 +282,6 @@ uint64_t TensorPlan::Elements() const {
 }
 
 
-namespace {
-constexpr float kRefWeightStd = 0.15f, kRefBiasStd = 0.5f;  // tuned in tests/reference/README.md
-}  // namespace
-
 float WeightValue(uint64_t seed, std::string_view name, uint64_t index, float mean, float std) {
   return ValueAt(StreamKey(seed, name), index, mean, std);
 }
@@ -294,6 +290,12 @@ std::vector<std::string> PresetNames() {
   return {"smollm-135m", "qwen2.5-0.5b", "gpt2-small-test", "tiny-llama-30",
           "ref-gpt2",    "ref-qwen2",    "ref-llama3",      "ref-mistral"};
 }
+
+namespace {
+// The ref-* presets' spreads: sharp attention, biases that matter (docs/FORWARD.md,
+// "Reference logits").
+constexpr float kRefWeightStd = 0.15f, kRefBiasStd = 0.5f;
+}  // namespace
 
 std::optional<ModelShape> FindPreset(std::string_view name) {
   ModelShape s;
@@ -431,8 +433,8 @@ std::vector<TensorPlan> PlanTensors(const ModelShape& s) {
   };
   const float w_std = s.weight_std, norm_std = s.norm_std, bias_std = s.bias_std;
   if (s.naming == Naming::kGpt2) {
-    add("transformer.wte.weight", {v, h}, 0, w_std);                   // (vocab, n_embd)
-    add("transformer.wpe.weight", {s.max_positions, h}, 0, s.position_std);   // (n_positions, n_embd)
+    add("transformer.wte.weight", {v, h}, 0, w_std);                         // (vocab, n_embd)
+    add("transformer.wpe.weight", {s.max_positions, h}, 0, s.position_std);  // (n_positions, n_embd)
     for (int l = 0; l < s.n_layers; ++l) {
       const std::string pre = "transformer.h." + std::to_string(l) + ".";
       add(pre + "ln_1.weight", {h}, 1, norm_std);

@@ -29,11 +29,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Relative RMS error bound of the engine's logits against the float64 reference. The int8
-// units leave about 1e-2 (measured: see kMeasured in the README table and
-// tests/reference/README.md); every wrong model in the data is at least 0.32 away.
-constexpr double kMaxRelRms = 0.05;
-// A wrong model must be this many bounds away from the engine: far, not marginally, out.
+// Relative RMS error bound of the engine's logits against the float64 reference, per
+// family, about twice what the int8 units leave (measured: GPT-2 0.0156, Qwen2 0.0377,
+// Llama-3 0.0387, Mistral 0.0387). The wrong models in the data are 0.33 to 1.46 away
+// (docs/FORWARD.md, "Reference logits").
+double MaxRelRms(const std::string& preset) {
+  return preset == "ref-gpt2" ? 0.03 : 0.075;
+}
+// A wrong model must be at least this many bounds away from the engine: far, not
+// marginally, out (the nearest, a window one key too wide, is 6.5 bounds away).
 constexpr double kMinBugFactor = 4.0;
 
 std::string ReadFile(const fs::path& path) {
@@ -102,9 +106,9 @@ TEST_P(ReferenceLogits, EngineMatchesFloat64Reference) {
   const Status made = modelmaker::MakeModel(modelmaker::PresetShape(GetParam()), dir_.string(), o);
   ASSERT_TRUE(made.ok()) << made.ToString();
   char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx",
-                static_cast<unsigned long long>(
-                    Fnv1a64({ReadFile(dir_ / "config.json"), ReadFile(dir_ / "model.safetensors")})));
+  std::snprintf(
+      hash, sizeof hash, "%016llx",
+      static_cast<unsigned long long>(Fnv1a64({ReadFile(dir_ / "config.json"), ReadFile(dir_ / "model.safetensors")})));
   ASSERT_EQ(std::string(hash), m.at("model_fnv1a64").get<std::string>())
       << "the model maker writes other bytes than the reference saw; regenerate testdata/reference with "
          "tests/reference/reference_logits.py";
@@ -138,9 +142,10 @@ TEST_P(ReferenceLogits, EngineMatchesFloat64Reference) {
   const std::vector<float> want = ReadF32(data / m.at("logits").get<std::string>());
   ASSERT_EQ(want.size(), static_cast<size_t>(n) * spec.vocab);
   ASSERT_EQ(logits->size(), want.size());
+  const double bound = MaxRelRms(GetParam());
   const double err = RelRms(*logits, want);
-  std::printf("%s: relative RMS error vs float64 reference %.5f (bound %.3f)\n", GetParam().c_str(), err, kMaxRelRms);
-  EXPECT_LT(err, kMaxRelRms);
+  std::printf("%s: relative RMS error vs float64 reference %.5f (bound %.3f)\n", GetParam().c_str(), err, bound);
+  EXPECT_LT(err, bound);
 
   // Each wrong model is far outside the bound: the test would catch that bug.
   ASSERT_FALSE(m.at("mutants").empty());
@@ -149,13 +154,12 @@ TEST_P(ReferenceLogits, EngineMatchesFloat64Reference) {
     ASSERT_EQ(wrong.size(), want.size()) << name;
     const double bug = RelRms(*logits, wrong);
     std::printf("  %-20s (%s): engine vs it %.4f\n", name.c_str(), mut.at("what").get<std::string>().c_str(), bug);
-    EXPECT_GT(bug, kMinBugFactor * kMaxRelRms) << name;
+    EXPECT_GT(bug, kMinBugFactor * bound) << name;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ReferenceLogits,
-                         ::testing::Values("ref-gpt2", "ref-qwen2", "ref-llama3", "ref-mistral"),
-                         [](const auto& info) {
+                         ::testing::Values("ref-gpt2", "ref-qwen2", "ref-llama3", "ref-mistral"), [](const auto& info) {
                            std::string s = info.param.substr(4);  // "gpt2", "qwen2", ...
                            return s;
                          });
