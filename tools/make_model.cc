@@ -16,7 +16,9 @@ int main(int argc, char** argv) {
   std::string preset, out, dtype = "bf16", vocab;
   mm::MakeOptions options;
   bool list = false;
-  app.add_option("--preset", preset, "Model shape: smollm-135m, qwen2.5-0.5b, gpt2-small-test, tiny-llama-30");
+  app.add_option("--preset", preset,
+                 "Model shape: smollm-135m, qwen2.5-0.5b, gpt2-small-test, tiny-llama-30, ref-gpt2, ref-qwen2, "
+                 "ref-llama3, ref-mistral (see --list)");
   app.add_option("--out", out, "Output folder (created if missing)");
   app.add_option("--layers", options.n_layers, "Number of layers (default: the preset's)");
   app.add_option("--seed", options.seed, "Weight seed (same seed, same bytes)")->capture_default_str();

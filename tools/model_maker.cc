@@ -230,7 +230,15 @@ std::string ConfigJson(const ModelShape& s, const MakeOptions& o) {
     j["max_position_embeddings"] = s.max_positions;
     j["rms_norm_eps"] = s.norm_eps;
     j["rope_theta"] = s.rope_theta;
-    j["rope_scaling"] = nullptr;
+    if (s.llama3_factor > 0) {
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", s.llama3_factor},
+                           {"low_freq_factor", s.llama3_low_freq_factor},
+                           {"high_freq_factor", s.llama3_high_freq_factor},
+                           {"original_max_position_embeddings", s.llama3_original_max_positions}};
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
     j["hidden_act"] = "silu";
     j["attention_dropout"] = 0.0;
     if (s.model_type == "qwen2") {
@@ -238,6 +246,8 @@ std::string ConfigJson(const ModelShape& s, const MakeOptions& o) {
       j["sliding_window"] = s.max_positions;
       j["max_window_layers"] = s.n_layers;
       j["use_mrope"] = false;
+    } else if (s.model_type == "mistral") {
+      j["sliding_window"] = s.sliding_window > 0 ? nlohmann::json(s.sliding_window) : nlohmann::json(nullptr);
     } else {
       j["attention_bias"] = s.qkv_bias;
       j["mlp_bias"] = false;
@@ -276,7 +286,16 @@ float WeightValue(uint64_t seed, std::string_view name, uint64_t index, float me
   return ValueAt(StreamKey(seed, name), index, mean, std);
 }
 
-std::vector<std::string> PresetNames() { return {"smollm-135m", "qwen2.5-0.5b", "gpt2-small-test", "tiny-llama-30"}; }
+std::vector<std::string> PresetNames() {
+  return {"smollm-135m", "qwen2.5-0.5b", "gpt2-small-test", "tiny-llama-30",
+          "ref-gpt2",    "ref-qwen2",    "ref-llama3",      "ref-mistral"};
+}
+
+namespace {
+// The ref-* presets' spreads: sharp attention, biases that matter (docs/FORWARD.md,
+// "Reference logits").
+constexpr float kRefWeightStd = 0.15f, kRefBiasStd = 0.5f;
+}  // namespace
 
 std::optional<ModelShape> FindPreset(std::string_view name) {
   ModelShape s;
@@ -307,6 +326,29 @@ std::optional<ModelShape> FindPreset(std::string_view name) {
     s.hidden = 64, s.intermediate = 128, s.n_layers = 30, s.n_heads = 8, s.n_kv_heads = 4, s.head_dim = 8;
     s.vocab = 512, s.max_positions = 512, s.rope_theta = 10000.0, s.norm_eps = 1e-5;
     s.bos_id = 1, s.eos_ids = {2};  // the stories260K tokenizer's <s> and </s>
+  } else if (name == "ref-gpt2" || name == "ref-qwen2" || name == "ref-llama3" || name == "ref-mistral") {
+    // Tiny models for the float64 reference (tests/reference/): 2 layers of width 64,
+    // 256 ids, values large enough that attention is sharp and every feature matters.
+    s.hidden = 64, s.intermediate = 128, s.n_layers = 2, s.n_heads = 4, s.n_kv_heads = 2, s.head_dim = 16;
+    s.vocab = 256, s.max_positions = 128, s.rope_theta = 10000.0, s.norm_eps = 1e-5;
+    s.bos_id = 1, s.eos_ids = {2};
+    s.weight_std = kRefWeightStd, s.bias_std = kRefBiasStd, s.norm_std = 0.1f, s.position_std = kRefWeightStd;
+    if (name == "ref-gpt2") {
+      s.architecture = "GPT2LMHeadModel", s.model_type = "gpt2", s.naming = Naming::kGpt2;
+      s.intermediate = 256, s.n_kv_heads = 4;
+      s.bos_id = -1, s.eos_ids = {-1};
+    } else if (name == "ref-qwen2") {
+      s.architecture = "Qwen2ForCausalLM", s.model_type = "qwen2";
+      s.norm_eps = 1e-6, s.qkv_bias = true, s.tied = false;
+    } else if (name == "ref-llama3") {
+      s.architecture = "LlamaForCausalLM", s.model_type = "llama";
+      s.max_positions = 256;  // factor x original, as in Llama 3.1's config
+      s.llama3_factor = 8.0, s.llama3_low_freq_factor = 1.0, s.llama3_high_freq_factor = 4.0;
+      s.llama3_original_max_positions = 32;  // most frequencies scaled within 32 positions
+    } else {
+      s.architecture = "MistralForCausalLM", s.model_type = "mistral";
+      s.sliding_window = 8, s.tied = false;
+    }
   } else {
     return std::nullopt;
   }
@@ -389,50 +431,50 @@ std::vector<TensorPlan> PlanTensors(const ModelShape& s) {
   auto add = [&p](std::string name, std::vector<int64_t> shape, float mean, float std) {
     p.push_back(TensorPlan{std::move(name), std::move(shape), mean, std});
   };
-  constexpr float kStd = 0.02f, kNormNoise = 0.02f, kBiasStd = 0.01f;
+  const float w_std = s.weight_std, norm_std = s.norm_std, bias_std = s.bias_std;
   if (s.naming == Naming::kGpt2) {
-    add("transformer.wte.weight", {v, h}, 0, kStd);                   // (vocab, n_embd)
-    add("transformer.wpe.weight", {s.max_positions, h}, 0, 0.01f);    // (n_positions, n_embd)
+    add("transformer.wte.weight", {v, h}, 0, w_std);                         // (vocab, n_embd)
+    add("transformer.wpe.weight", {s.max_positions, h}, 0, s.position_std);  // (n_positions, n_embd)
     for (int l = 0; l < s.n_layers; ++l) {
       const std::string pre = "transformer.h." + std::to_string(l) + ".";
-      add(pre + "ln_1.weight", {h}, 1, kNormNoise);
-      add(pre + "ln_1.bias", {h}, 0, kBiasStd);
-      add(pre + "attn.c_attn.weight", {h, 3 * h}, 0, kStd);  // Conv1D: (in, out)
-      add(pre + "attn.c_attn.bias", {3 * h}, 0, kBiasStd);
-      add(pre + "attn.c_proj.weight", {h, h}, 0, kStd);
-      add(pre + "attn.c_proj.bias", {h}, 0, kBiasStd);
-      add(pre + "ln_2.weight", {h}, 1, kNormNoise);
-      add(pre + "ln_2.bias", {h}, 0, kBiasStd);
-      add(pre + "mlp.c_fc.weight", {h, inter}, 0, kStd);
-      add(pre + "mlp.c_fc.bias", {inter}, 0, kBiasStd);
-      add(pre + "mlp.c_proj.weight", {inter, h}, 0, kStd);
-      add(pre + "mlp.c_proj.bias", {h}, 0, kBiasStd);
+      add(pre + "ln_1.weight", {h}, 1, norm_std);
+      add(pre + "ln_1.bias", {h}, 0, bias_std);
+      add(pre + "attn.c_attn.weight", {h, 3 * h}, 0, w_std);  // Conv1D: (in, out)
+      add(pre + "attn.c_attn.bias", {3 * h}, 0, bias_std);
+      add(pre + "attn.c_proj.weight", {h, h}, 0, w_std);
+      add(pre + "attn.c_proj.bias", {h}, 0, bias_std);
+      add(pre + "ln_2.weight", {h}, 1, norm_std);
+      add(pre + "ln_2.bias", {h}, 0, bias_std);
+      add(pre + "mlp.c_fc.weight", {h, inter}, 0, w_std);
+      add(pre + "mlp.c_fc.bias", {inter}, 0, bias_std);
+      add(pre + "mlp.c_proj.weight", {inter, h}, 0, w_std);
+      add(pre + "mlp.c_proj.bias", {h}, 0, bias_std);
     }
-    add("transformer.ln_f.weight", {h}, 1, kNormNoise);
-    add("transformer.ln_f.bias", {h}, 0, kBiasStd);
-    if (!s.tied) add("lm_head.weight", {v, h}, 0, kStd);
+    add("transformer.ln_f.weight", {h}, 1, norm_std);
+    add("transformer.ln_f.bias", {h}, 0, bias_std);
+    if (!s.tied) add("lm_head.weight", {v, h}, 0, w_std);
   } else {
     const int64_t q = static_cast<int64_t>(s.n_heads) * s.head_dim, kv = static_cast<int64_t>(s.n_kv_heads) * s.head_dim;
-    add("model.embed_tokens.weight", {v, h}, 0, kStd);  // (vocab, hidden)
+    add("model.embed_tokens.weight", {v, h}, 0, w_std);  // (vocab, hidden)
     for (int l = 0; l < s.n_layers; ++l) {
       const std::string pre = "model.layers." + std::to_string(l) + ".";
-      add(pre + "input_layernorm.weight", {h}, 1, kNormNoise);
-      add(pre + "self_attn.q_proj.weight", {q, h}, 0, kStd);  // nn.Linear: (out, in)
-      add(pre + "self_attn.k_proj.weight", {kv, h}, 0, kStd);
-      add(pre + "self_attn.v_proj.weight", {kv, h}, 0, kStd);
-      add(pre + "self_attn.o_proj.weight", {h, q}, 0, kStd);
+      add(pre + "input_layernorm.weight", {h}, 1, norm_std);
+      add(pre + "self_attn.q_proj.weight", {q, h}, 0, w_std);  // nn.Linear: (out, in)
+      add(pre + "self_attn.k_proj.weight", {kv, h}, 0, w_std);
+      add(pre + "self_attn.v_proj.weight", {kv, h}, 0, w_std);
+      add(pre + "self_attn.o_proj.weight", {h, q}, 0, w_std);
       if (s.qkv_bias) {
-        add(pre + "self_attn.q_proj.bias", {q}, 0, kBiasStd);
-        add(pre + "self_attn.k_proj.bias", {kv}, 0, kBiasStd);
-        add(pre + "self_attn.v_proj.bias", {kv}, 0, kBiasStd);
+        add(pre + "self_attn.q_proj.bias", {q}, 0, bias_std);
+        add(pre + "self_attn.k_proj.bias", {kv}, 0, bias_std);
+        add(pre + "self_attn.v_proj.bias", {kv}, 0, bias_std);
       }
-      add(pre + "post_attention_layernorm.weight", {h}, 1, kNormNoise);
-      add(pre + "mlp.gate_proj.weight", {inter, h}, 0, kStd);
-      add(pre + "mlp.up_proj.weight", {inter, h}, 0, kStd);
-      add(pre + "mlp.down_proj.weight", {h, inter}, 0, kStd);
+      add(pre + "post_attention_layernorm.weight", {h}, 1, norm_std);
+      add(pre + "mlp.gate_proj.weight", {inter, h}, 0, w_std);
+      add(pre + "mlp.up_proj.weight", {inter, h}, 0, w_std);
+      add(pre + "mlp.down_proj.weight", {h, inter}, 0, w_std);
     }
-    add("model.norm.weight", {h}, 1, kNormNoise);
-    if (!s.tied) add("lm_head.weight", {v, h}, 0, kStd);
+    add("model.norm.weight", {h}, 1, norm_std);
+    if (!s.tied) add("lm_head.weight", {v, h}, 0, w_std);
   }
   std::sort(p.begin(), p.end(), [](const TensorPlan& a, const TensorPlan& b) { return a.name < b.name; });
   return p;

@@ -21,7 +21,7 @@ enum class Naming : uint8_t { kLlama, kGpt2 };  // tensor names and layouts of t
 struct ModelShape {
   std::string name;          // the preset name
   std::string architecture;  // config.json "architectures"[0]
-  std::string model_type;    // "llama", "qwen2", "gpt2"
+  std::string model_type;    // "llama", "qwen2", "mistral", "gpt2"
   Naming naming = Naming::kLlama;
   int hidden = 0;
   int intermediate = 0;      // GPT-2: 4 * hidden
@@ -37,9 +37,25 @@ struct ModelShape {
   bool qkv_bias = false;     // Qwen2 q/k/v biases (GPT-2 always has biases)
   int bos_id = 1;            // -1: vocab - 1 (GPT-2's <|endoftext|> is the last id)
   std::vector<int> eos_ids = {2};  // {-1}: vocab - 1
+  // rope_scaling {"rope_type": "llama3", ...} when llama3_factor > 0; null otherwise.
+  double llama3_factor = 0;
+  double llama3_low_freq_factor = 1.0;
+  double llama3_high_freq_factor = 4.0;
+  int llama3_original_max_positions = 8192;
+  int sliding_window = 0;    // Mistral: "sliding_window" (every layer); 0 writes null
+  // Standard deviations of the random values. Real checkpoints' 0.02 makes attention nearly
+  // uniform in a tiny model; the reference presets take larger ones so that every feature
+  // (a bias, RoPE scaling, the window) moves the logits well above int8 error.
+  float weight_std = 0.02f;    // matrices and embeddings
+  float bias_std = 0.01f;      // biases
+  float norm_std = 0.02f;      // norm weights, around 1
+  float position_std = 0.01f;  // GPT-2 wpe
 };
 
-// Presets: "smollm-135m", "qwen2.5-0.5b", "gpt2-small-test", "tiny-llama-30".
+// Presets: "smollm-135m", "qwen2.5-0.5b", "gpt2-small-test", "tiny-llama-30", and the tiny
+// models checked against the float64 reference (tests/reference/): "ref-gpt2", "ref-qwen2"
+// (q/k/v biases, untied head), "ref-llama3" (llama3 rope_scaling), "ref-mistral" (sliding
+// window 8).
 std::vector<std::string> PresetNames();
 std::optional<ModelShape> FindPreset(std::string_view name);
 // For names fixed in code; an unknown name is a bug (user input goes through FindPreset).

@@ -113,7 +113,14 @@ TEST_P(PresetTest, ParsesWithTheProjectReaders) {
   EXPECT_EQ(s.vocab, o.vocab > 0 ? o.vocab : shape.vocab);
   EXPECT_EQ(s.max_positions, shape.max_positions);
   EXPECT_FLOAT_EQ(s.norm_eps, static_cast<float>(shape.norm_eps));
-  EXPECT_TRUE(s.tied_embeddings);
+  EXPECT_EQ(s.tied_embeddings, shape.tied);
+  EXPECT_EQ(s.rope_scaling.type, shape.llama3_factor > 0 ? RopeScalingType::kLlama3 : RopeScalingType::kNone);
+  if (shape.llama3_factor > 0) {
+    EXPECT_EQ(s.rope_scaling.factor, shape.llama3_factor);
+    EXPECT_EQ(s.rope_scaling.original_max_position_embeddings, shape.llama3_original_max_positions);
+  }
+  EXPECT_EQ(s.use_sliding_window, shape.sliding_window > 0);
+  if (shape.sliding_window > 0) EXPECT_EQ(s.sliding_window, shape.sliding_window);
   EXPECT_EQ(s.qkv_bias, shape.qkv_bias || shape.naming == Naming::kGpt2);
   if (shape.naming == Naming::kGpt2) {
     EXPECT_EQ(s.family, Family::kGpt2);
