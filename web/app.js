@@ -536,6 +536,7 @@
     v.textContent = '';
     v.className = 'verify-line';
     v.removeAttribute('data-verified');
+    v.removeAttribute('data-mismatch-position');
     setMsg($('gen-error'), '');
     $('stats').hidden = true;
     $('latency-table').hidden = true;
@@ -578,6 +579,8 @@
       v.textContent = d.verify_message || (d.verified ? 'VERIFIED' : 'MISMATCH');
       v.className = 'verify-line ' + (d.verified ? 'ok' : 'bad');
       v.dataset.verified = String(d.verified);
+      // The first position whose id or bits differ (the message names it too).
+      if (typeof d.mismatch_position === 'number') v.dataset.mismatchPosition = String(d.mismatch_position);
       v.hidden = false;
     } else if (d.verify_message) {
       v.textContent = d.verify_message;

@@ -147,7 +147,7 @@ int RunDemo(const DemoFlags& f) {
 DAISY_REGISTER_COMMAND(demo, 90, [](CLI::App& app) -> std::function<int()> {
   auto f = std::make_shared<DemoFlags>();
   auto* sub = app.add_subcommand("demo", "Everything on this machine: a rendezvous, local nodes and a head on the bundled "
-                                         "model; prints the plan, a story and VERIFIED");
+                                         "model; prints the plan, a story and VERIFIED (ids and bits), or MISMATCH and exit code 3");
   sub->add_option("--model", f->model, "Model folder or Hub repo (default: the bundled stories260K)");
   sub->add_option("--prompt", f->prompt, "The prompt (default: Once upon a time)");
   sub->add_option("--nodes", f->nodes, "Local node processes (default 3)")->check(CLI::Range(1, 16));

@@ -44,7 +44,14 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
                           {"audited_hops", r.audited_hops},
                           {"recomputed_hops", r.recomputed_hops},
                           {"audit_failures", r.audit_failures}};
-    if (verify) out["verified"] = r.verified.value_or(false);
+    if (verify) {
+      out["verified"] = r.verified.value_or(false);
+      out["verify_message"] = r.verify_message;
+      out["verified_steps"] = r.verified_steps;
+      // Where and how the runs first differ: null when verified.
+      out["mismatch_position"] = r.mismatch_position ? nlohmann::json(*r.mismatch_position) : nlohmann::json(nullptr);
+      out["mismatch"] = r.mismatch.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.mismatch);
+    }
     std::printf("%s\n", out.dump().c_str());
     return;
   }

@@ -274,6 +274,9 @@ class HeadStage {
   // Forgets cached positions >= n.
   void Truncate(int n) { kv_.Truncate(n); }
   size_t CacheBytes() const { return kv_.Bytes(); }
+  // The final hidden row (before the final norm) of the position the last Forward, ForwardAll
+  // or Prefill read out: what the ring returned for it. Verify digests it with the logits.
+  std::span<const float> last_row() const { return last_row_; }
 
  private:
   // Embedding and the head's own layers.
@@ -281,9 +284,12 @@ class HeadStage {
   // Checks what came back from the rest of the ring.
   Status CheckReturned(const HiddenStates& back, const std::vector<int32_t>& sent) const;
   Result<HiddenStates> Hidden(std::span<const int32_t> tokens, int first_position);
+  // Keeps the last row of `h` as last_row_.
+  void KeepLastRow(const HiddenStates& h);
   const StageWeights& head_;
   KvCache kv_;
   StageLink* rest_;
+  std::vector<float> last_row_;  // (hidden)
 };
 
 // Splits layers into consecutive stages of the given sizes; stage 0 is the head (it may

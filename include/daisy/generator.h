@@ -29,6 +29,10 @@ struct GenerateOptions {
   // Optional, before each token is sampled: may lower logits to -inf, never raise them
   // (JSON mode). tokens_left counts this token.
   std::function<void(std::span<float> logits, int tokens_left)> constrain;
+  // Optional, at every step before `constrain` and sampling, including a step whose token is
+  // a stop id: the position of the token it chooses, the final hidden row it was read out
+  // from, and its logits as the model computed them. Verify digests these to compare bits.
+  std::function<void(int position, std::span<const float> hidden_row, std::span<const float> logits)> on_step;
   // Optional, after each token is emitted: true ends the turn with finish reason "stop"
   // (a completed JSON value, a stop string, a client that went away).
   std::function<bool(int32_t id)> stop_after;

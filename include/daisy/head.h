@@ -63,8 +63,15 @@ struct HeadReport {
   int64_t audited_hops = 0;     // (lap, stage) pairs drawn for the audit
   int64_t recomputed_hops = 0;  // hops re-run by the head and compared bit for bit
   std::vector<std::string> audit_failures;  // which stage, which hop
+  // Verify: true only when the token ids and, at every step, the bits of the final hidden
+  // row and the logits (BLAKE2b digests) equal a single-device run's.
   std::optional<bool> verified;
   std::string verify_message;   // the VERIFIED line or the first mismatch
+  int verified_steps = 0;       // steps whose digests were compared
+  // The first sequence position whose token differs in id, or was chosen from different
+  // bits (the generated token at mismatch_position - prompt_ids.size()); unset when verified.
+  std::optional<int> mismatch_position;
+  std::string mismatch;         // "ids differ" | "ids equal, logits differ" | "ids equal, hidden row differs"
 };
 
 struct SessionOptions {
@@ -94,6 +101,9 @@ struct SessionOptions {
   // head from the stage's own inputs and compared bit for bit (docs/ARCHITECTURE.md).
   double audit_rate = 0;
   uint64_t audit_seed = 0;              // the draw's seed (0: from std::random_device)
+  // Tests only: the prefix cache keeps this many positions more than the prompt shares with
+  // what it cached (a planted bug that Verify must catch). Never set outside tests.
+  int test_keep_extra = 0;
 };
 
 // The one-shot head of `run` and `demo`: a session for one turn.

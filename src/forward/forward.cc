@@ -478,17 +478,29 @@ Result<std::vector<float>> HeadStage::Prefill(std::span<const int32_t> tokens, i
       outstanding.pop_front();
     }
   }
+  KeepLastRow(last);
   return Readout(head_, last);
 }
 
 Result<std::vector<float>> HeadStage::Forward(std::span<const int32_t> tokens, int first_position) {
   DAISY_ASSIGN_OR_RETURN(HiddenStates h, Hidden(tokens, first_position));
+  KeepLastRow(h);
   return Readout(head_, h);
 }
 
 Result<std::vector<float>> HeadStage::ForwardAll(std::span<const int32_t> tokens, int first_position) {
   DAISY_ASSIGN_OR_RETURN(HiddenStates h, Hidden(tokens, first_position));
+  KeepLastRow(h);
   return ReadoutAll(head_, h);
+}
+
+void HeadStage::KeepLastRow(const HiddenStates& h) {
+  if (h.n_tokens() == 0) {
+    last_row_.clear();
+    return;
+  }
+  const auto row = h.Row(h.n_tokens() - 1);
+  last_row_.assign(row.begin(), row.end());
 }
 
 Result<std::vector<std::pair<int, int>>> StageRanges(int n_layers, std::span<const int> layer_counts) {

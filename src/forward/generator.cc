@@ -44,6 +44,7 @@ Result<GenerateResult> Generator::Generate(std::span<const int32_t> prompt, cons
   int pos = n_prompt;
   if (options.max_tokens == 0 || pos >= ctx) return r;  // "length": no room for a token
   for (;;) {
+    if (options.on_step) options.on_step(pos, head_.last_row(), logits);
     // Tokens left: the request's budget or the context's room, whichever ends first.
     if (options.constrain) options.constrain(logits, std::min(options.max_tokens - static_cast<int>(r.ids.size()), ctx - pos));
     const int32_t id = SampleToken(logits, options.sampling, pos);

@@ -2,6 +2,7 @@
 #include "daisy/head.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -475,6 +476,72 @@ size_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   return i;
 }
 
+// One step of a run as Verify compares it: BLAKE2b-256 of the final hidden row the token was
+// read out from and of its logits, each as f32 bytes in memory (little-endian on every host
+// the kernels support). Ids alone miss a lie small enough to keep the argmax.
+struct StepDigest {
+  std::array<unsigned char, 32> row{};
+  std::array<unsigned char, 32> logits{};
+};
+
+std::array<unsigned char, 32> Blake2b(std::span<const float> v) {
+  [[maybe_unused]] static const int init = sodium_init();  // picks the fastest BLAKE2b; same digests either way
+  std::array<unsigned char, 32> out{};
+  crypto_generichash(out.data(), out.size(), reinterpret_cast<const unsigned char*>(v.data()), v.size_bytes(), nullptr, 0);
+  return out;
+}
+
+// Adds digesting every step into `steps` to the options (after any hook already there).
+void DigestSteps(GenerateOptions& g, std::vector<StepDigest>& steps) {
+  g.on_step = [&steps, before = std::move(g.on_step)](int position, std::span<const float> row, std::span<const float> logits) {
+    if (before) before(position, row, logits);
+    steps.push_back({Blake2b(row), Blake2b(logits)});
+  };
+}
+
+std::string IdText(std::span<const int32_t> ids, size_t k) {
+  return k < ids.size() ? "id " + std::to_string(ids[k]) : std::string("the end of the turn");
+}
+
+// Verify's verdict: the distributed run (ids a, digests da) against the single-device run
+// (ids b, digests db), step by step; the first step where the ids or the bits differ wins.
+void Compare(HeadReport& report, std::span<const int32_t> a, std::span<const StepDigest> da, std::span<const int32_t> b,
+             std::span<const StepDigest> db) {
+  const size_t n_prompt = report.prompt_ids.size();
+  const size_t steps = std::max({a.size(), b.size(), da.size(), db.size()});
+  report.verified_steps = static_cast<int>(std::min(da.size(), db.size()));
+  for (size_t k = 0; k < steps; ++k) {
+    const bool ids_differ = (k < a.size()) != (k < b.size()) || (k < a.size() && a[k] != b[k]);
+    const bool both = k < da.size() && k < db.size();
+    const bool logits_differ = !both || da[k].logits != db[k].logits;
+    const bool row_differ = !both || da[k].row != db[k].row;
+    if (!ids_differ && !logits_differ && !row_differ) continue;
+    const int position = static_cast<int>(n_prompt + k);
+    report.verified = false;
+    report.mismatch_position = position;
+    report.verified_steps = static_cast<int>(k);
+    const std::string where = "MISMATCH: position " + std::to_string(position);
+    const std::string token = "generated token " + std::to_string(k);
+    if (ids_differ) {
+      report.mismatch = "ids differ";
+      report.verify_message = where + " (ids differ): " + token + " is " + IdText(a, k) + " in the distributed run, " + IdText(b, k) +
+                              " in the single-device run";
+    } else if (logits_differ) {
+      report.mismatch = "ids equal, logits differ";
+      report.verify_message = where + " (ids equal, logits differ): " + token + " (" + IdText(a, k) +
+                              " in both runs) was chosen from logits whose bits differ from the single-device run's";
+    } else {
+      report.mismatch = "ids equal, hidden row differs";
+      report.verify_message = where + " (ids equal, hidden row differs): the final hidden row that chose " + token + " (" + IdText(a, k) +
+                              " in both runs) differs in its bits from the single-device run's, though the logits agree";
+    }
+    return;
+  }
+  report.verified = true;
+  report.verify_message = "VERIFIED: the distributed run and the single-device run produced identical token ids and identical bits "
+                          "(BLAKE2b of the final hidden row and the logits) at all " + std::to_string(steps) + " steps.";
+}
+
 std::string PlanSignature(const std::vector<wire::StageEntry>& stages, int ctx) {
   std::string sig = std::to_string(ctx);
   for (const auto& s : stages) sig += "|" + s.device_id + ":" + s.address + ":" + std::to_string(s.first) + "-" + std::to_string(s.end);
@@ -519,6 +586,7 @@ struct HeadSession::Impl {
   bool joined = false;
   std::mt19937_64 audit_rng;
   std::map<std::pair<int, int>, std::unique_ptr<StageWeights>> audit_weights;
+  std::vector<StepDigest> ring_steps;  // the last finished turn's step digests, for Verify
 
   ~Impl() {
     stopping = true;
@@ -780,6 +848,7 @@ struct HeadSession::Impl {
     HeadSlot& slot = SlotFor(r);
     std::vector<int32_t> emitted;  // ids already streamed: a replay does not stream them again
     std::string last_error;
+    ring_steps.clear();
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (attempt > 0) {
         // A member that died is dropped by the rendezvous once its heartbeats have been
@@ -840,8 +909,11 @@ struct HeadSession::Impl {
     int keep = 0;
     // An audited turn starts from position 0: the auditor rebuilds each audited stage's cache.
     const bool audit = o.audit_rate > 0 && stages.size() > 1;
-    if (attempt == 0 && !audit && slot.plan_sig == sig && slot.stage)
-      keep = static_cast<int>(std::min(CommonPrefix(slot.ids, r.prompt_ids), r.prompt_ids.size() - 1));
+    if (attempt == 0 && !audit && slot.plan_sig == sig && slot.stage) {
+      size_t common = CommonPrefix(slot.ids, r.prompt_ids);
+      if (o.test_keep_extra > 0) common = std::min(common + static_cast<size_t>(o.test_keep_extra), slot.ids.size());  // tests only
+      keep = static_cast<int>(std::min(common, r.prompt_ids.size() - 1));
+    }
     const uint64_t keep_tag = IdsTag(slot.ids);
 
     // Only this turn's stages may answer the head from now on.
@@ -1020,6 +1092,8 @@ struct HeadSession::Impl {
       gen.prefill_in_flight = 2;
     }
     gen.first_position = keep;
+    std::vector<StepDigest> step_digests;
+    DigestSteps(gen, step_digests);
     const auto started = Clock::now();
     auto result = generator.Generate(report.prompt_ids, gen, on_token);
     const double wall = Since(started);
@@ -1041,6 +1115,7 @@ struct HeadSession::Impl {
       return result.status();
     }
     if (diverged) return DataLoss("the replay produced different token ids than the first attempt");
+    ring_steps = std::move(step_digests);
     if (r.on_token) {
       const std::string tail = stream.Finish();
       if (!tail.empty()) r.on_token(-1, tail);
@@ -1103,19 +1178,11 @@ struct HeadSession::Impl {
       verify_pipeline = std::make_unique<LocalPipeline>(std::move(local));
     }
     Generator g(verify_pipeline->head());
-    DAISY_ASSIGN_OR_RETURN(GenerateResult single, g.Generate(report.prompt_ids, gen));
-    const auto& a = report.ids;
-    const auto& b = single.ids;
-    const size_t i = CommonPrefix(a, b);
-    if (i == a.size() && i == b.size()) {
-      report.verified = true;
-      report.verify_message = "VERIFIED: the distributed run and the single-device run produced identical token ids.";
-    } else {
-      report.verified = false;
-      report.verify_message = "MISMATCH at generated position " + std::to_string(i) + ": distributed " +
-                              (i < a.size() ? std::to_string(a[i]) : std::string("(end)")) + ", single-device " +
-                              (i < b.size() ? std::to_string(b[i]) : std::string("(end)"));
-    }
+    GenerateOptions single_gen = gen;
+    std::vector<StepDigest> single_steps;
+    DigestSteps(single_gen, single_steps);
+    DAISY_ASSIGN_OR_RETURN(GenerateResult single, g.Generate(report.prompt_ids, single_gen));
+    Compare(report, report.ids, ring_steps, single.ids, single_steps);
     return Status::Ok();
   }
 };

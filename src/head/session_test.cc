@@ -141,6 +141,57 @@ TEST_F(SessionTest, ADivergingPromptKeepsOnlyTheCommonPrefixAndStaysExact) {
   EXPECT_TRUE(t3.verified.value_or(false)) << t3.verify_message;
 }
 
+// A prefix cache that keeps 3 positions too many (a planted bug, through the test-only seam)
+// runs the new prompt over keys and values of the old one at those positions. Verify must
+// say MISMATCH even where the ids come out the same: it compares the bits of every step.
+TEST_F(SessionTest, AKeptPrefixOffByThreeIsCaught) {
+  SessionOptions so = ring_->HeadOptions("off-by-3-head");
+  so.role = "head-off-by-3";  // an identity of its own beside the suite's head
+  so.test_keep_extra = 3;
+  auto s = HeadSession::Start(so);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  HeadSession& off = **s;
+  ASSERT_TRUE(off.Load(StoriesModel(), 256).ok());
+  auto turn = [&](const std::vector<int32_t>& prompt, int max_tokens, bool verify) {
+    TurnRequest r;
+    r.prompt_ids = prompt;
+    r.conversation = "chat-off-by-3";
+    r.generate.max_tokens = max_tokens;
+    r.verify = verify;
+    auto rep = off.Generate(r);
+    EXPECT_TRUE(rep.ok()) << rep.status().message();
+    return rep.ok() ? *rep : HeadReport{};
+  };
+  const auto p = Encode("One day, a boy went to the store to buy milk");
+  turn(p, 12, false);
+  // Differs in one word: the 3 extra kept positions hold "boy went to" where "girl went to"
+  // belongs, and the first token comes out the same (the next does not); only the bits tell.
+  const auto q = Encode("One day, a girl went to the store to buy milk");
+  size_t common = 0;
+  while (common < p.size() && common < q.size() && p[common] == q[common]) ++common;
+  ASSERT_LT(common + 3, q.size());
+  HeadReport t2 = turn(q, 1, true);
+  EXPECT_EQ(t2.reused_positions, static_cast<int>(common + 3)) << "the seam did not plant the bug";
+  ASSERT_TRUE(t2.verified.has_value());
+  EXPECT_FALSE(*t2.verified) << t2.verify_message;
+  // The first step already reads the wrong keys: the first generated token's bits differ.
+  EXPECT_EQ(t2.mismatch_position, static_cast<int>(q.size())) << t2.verify_message;
+  EXPECT_EQ(t2.verify_message.rfind("MISMATCH: position " + std::to_string(q.size()) + " (ids equal, logits differ)", 0), 0u)
+      << t2.verify_message;
+  // The same prompt without the planted bug: the same ids, and VERIFIED.
+  TurnRequest fresh;
+  fresh.prompt_ids = q;
+  fresh.generate.max_tokens = 1;
+  fresh.conversation = "chat-off-by-3-fresh";
+  fresh.verify = true;
+  auto f = off.Generate(fresh);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->reused_positions, 0);
+  EXPECT_TRUE(f->verified.value_or(false)) << f->verify_message;
+  EXPECT_EQ(f->ids, t2.ids);
+  std::printf("%s\n", t2.verify_message.c_str());
+}
+
 TEST_F(SessionTest, EveryStageReportsItsShareOfTheTurn) {
   HeadReport r = Turn(Encode("A small bird"), "chat-s", 10);
   ASSERT_EQ(r.stage_latency.size(), 3u);

@@ -925,7 +925,9 @@ struct Server::Impl {
                 {"stages", stages},
                 {"replays", r.replays},
                 {"verified", verified},
-                {"verify_message", r.verify_message}};
+                {"verify_message", r.verify_message},
+                {"mismatch_position", r.mismatch_position ? Json(*r.mismatch_position) : Json(nullptr)},
+                {"mismatch", r.mismatch.empty() ? Json(nullptr) : Json(r.mismatch)}};
   }
 
   void HandleModels(httplib::Response& res) {
