@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "daisy/net.h"
 #include "daisy/node.h"
 #include "daisy/server.h"
+#include "faults.h"
 #include "ring_common.h"
 
 namespace daisy::cli {
@@ -35,6 +37,7 @@ struct ServeFlags {
   bool no_compute = false;
   bool no_cache = false;
   int stages = 0;
+  std::vector<std::string> models_dirs;
   SessionOptions session;  // --audit, --audit-seed
 };
 
@@ -136,6 +139,12 @@ int RunServe(const ServeFlags& f) {
       o.admission = own;
       o.print_tokens = false;
       o.stop = &StopRequested();
+      // Local folders other heads may name: --models-dir, and the --model folder this
+      // serve was asked to load itself.
+      o.models_dirs = f.models_dirs;
+      std::error_code ec;
+      if (!f.model.empty() && std::filesystem::is_directory(f.model, ec)) o.models_dirs.push_back(f.model);
+      o.faults = ProcessNodeFaults();
       Status st = RunNode(o);
       if (!st.ok()) LogError("serve: the compute device stopped: " + st.message());
     });
@@ -224,6 +233,10 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--stages", f->stages, "Split turns over exactly N devices (head included) unless a request says otherwise; 0: automatic")
       ->check(CLI::Range(0, 64));
   AddAuditFlags(sub, f->session);
+  sub->add_option("--models-dir", f->models_dirs,
+                  "A local folder under which this process's compute device may open the models other heads name "
+                  "(repeatable; the --model folder is allowed too); otherwise only Hub repo ids")
+      ->allow_extra_args(false);
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
   return [f] { return RunServe(*f); };

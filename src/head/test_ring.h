@@ -17,6 +17,7 @@
 #include "daisy/head.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
+#include "node_faults.h"
 
 namespace daisy::test_ring {
 
@@ -26,7 +27,7 @@ class InProcessRing {
  public:
   struct NodeSpec {
     std::string role;       // also its name
-    int flip_every = 0;     // NodeOptions::test_flip_every
+    int flip_every = 0;     // a TestNodeFaults flipping a bit of every Nth hop (0: honest)
   };
 
   // Makes a DAISY_HOME under /tmp, starts the rendezvous and the nodes. Returns "" or why not.
@@ -42,7 +43,10 @@ class InProcessRing {
     if (!rv.ok()) return rv.status().message();
     rendezvous_ = std::move(*rv);
     for (const auto& n : nodes) {
-      threads_.emplace_back([this, n] {
+      // Made here, not on the thread: it must outlive the node, and Stop joins first.
+      test::TestNodeFaults* faults = nullptr;
+      if (n.flip_every > 0) faults = faults_.emplace_back(std::make_unique<test::TestNodeFaults>(n.flip_every, 0)).get();
+      threads_.emplace_back([this, n, faults] {
         NodeOptions o;
         o.role = n.role;
         o.name = n.role;
@@ -50,7 +54,8 @@ class InProcessRing {
         o.admission = rendezvous_->LocalAdmission(/*trusted=*/false);  // auto_approve: approved at once
         o.print_tokens = false;
         o.stop = &stop_;
-        o.test_flip_every = n.flip_every;
+        o.faults = faults;
+        o.models_dirs = {std::getenv("DAISY_MODELS")};
         o.hub.cache_dir = (home_ / n.role).string();
         Status st = RunNode(o);
         if (!st.ok()) std::fprintf(stderr, "node %s: %s\n", n.role.c_str(), st.message().c_str());
@@ -63,6 +68,7 @@ class InProcessRing {
     stop_ = true;
     for (auto& t : threads_) t.join();
     threads_.clear();
+    faults_.clear();
     rendezvous_.reset();
     if (!home_.empty()) {
       std::error_code ec;
@@ -86,6 +92,7 @@ class InProcessRing {
  private:
   std::filesystem::path home_;
   std::unique_ptr<net::Rendezvous> rendezvous_;
+  std::vector<std::unique_ptr<test::TestNodeFaults>> faults_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
 };
