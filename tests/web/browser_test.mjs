@@ -51,7 +51,8 @@ await runTest('browser_test', async () => {
       procs.start('serve', E.bin, ['serve', '--port', String(port), '--room', room, '--name', 'head'], home('serve'));
       await waitForServe(base, procs);
       for (const n of NODES) {
-        procs.start(n, E.bin, ['node', '--join', `127.0.0.1:${port}`, '--room', room, '--name', n], home(n));
+        // A node opens a local model only under a folder it was given.
+        procs.start(n, E.bin, ['node', '--join', `127.0.0.1:${port}`, '--room', room, '--name', n, '--models-dir', E.models], home(n));
       }
     }
 
