@@ -13,7 +13,9 @@ cleanup() { kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -r
 trap cleanup EXIT
 
 DAISY_HOME=$TMP/serve $BIN serve --port "$PORT" --auto-approve --no-compute >"$TMP/serve.log" 2>&1 &
-for i in 1 2; do DAISY_HOME=$TMP/node$i $BIN node --join 127.0.0.1:$PORT --name node$i >"$TMP/node$i.log" 2>&1 & done
+# The nodes open the local model only under a folder they are given (--models-dir).
+MODELS_DIR=$(cd "$MODEL" && pwd)
+for i in 1 2; do DAISY_HOME=$TMP/node$i $BIN node --join 127.0.0.1:$PORT --name node$i --models-dir "$MODELS_DIR" >"$TMP/node$i.log" 2>&1 & done
 sleep 2
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }

@@ -78,8 +78,8 @@ TEST_F(CaptureTest, ALoopbackCaptureOfARingRunHoldsNoPlaintext) {
 
   const std::string join = "127.0.0.1:" + std::to_string(port_);
   Spawn({e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--no-compute", "--name", "serve"}, "serve", "serve.log");
-  Spawn({e2e::Bin(), "node", "--join", join, "--name", "node-1"}, "node-1", "node-1.log");
-  Spawn({e2e::Bin(), "node", "--join", join, "--name", "node-2"}, "node-2", "node-2.log");
+  Spawn({e2e::Bin(), "node", "--join", join, "--name", "node-1", "--models-dir", e2e::Models()}, "node-1", "node-1.log");
+  Spawn({e2e::Bin(), "node", "--join", join, "--name", "node-2", "--models-dir", e2e::Models()}, "node-2", "node-2.log");
   ASSERT_TRUE(WaitForLog("node-1.log", "in room")) << e2e::ReadAll((tmp_ / "node-1.log").string());
   ASSERT_TRUE(WaitForLog("node-2.log", "in room")) << e2e::ReadAll((tmp_ / "node-2.log").string());
 

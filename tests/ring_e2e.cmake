@@ -5,3 +5,6 @@ daisy_test(ring_e2e_test
   LABELS "e2e"
   SERIAL
   TIMEOUT 600)
+if(TARGET ring_e2e_test)
+  add_dependencies(ring_e2e_test daisychain daisychain_faulty)
+endif()

@@ -65,9 +65,15 @@ class RingTest : public ::testing::Test {
   }
   std::string Join() const { return "127.0.0.1:" + std::to_string(port_); }
 
+  // The local folders this test's models live in: devices open a local model only under a
+  // folder they were given with --models-dir.
+  std::vector<std::string> ModelsDirArgs() const {
+    return {"--models-dir", e2e::Models(), "--models-dir", models_.string(), "--models-dir", tmp_.string()};
+  }
   void StartServe(bool compute) {
     std::vector<std::string> args = {e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--name", "serve"};
     if (!compute) args.push_back("--no-compute");
+    for (const auto& a : ModelsDirArgs()) args.push_back(a);
     serve_ = Proc::Spawn(args, BaseEnv("serve"), (tmp_ / "serve.log").string());
   }
   // Waits until the rendezvous has admitted `n` of the nodes StartNodes started (serve logs
@@ -86,12 +92,18 @@ class RingTest : public ::testing::Test {
     }
     FAIL() << "only some devices joined: " << e2e::ReadAll((tmp_ / "serve.log").string());
   }
+  // Nodes given fault variables (DAISY_TEST_*) run the test-only daisychain_faulty: the
+  // product ignores them.
   void StartNodes(int n, const std::vector<std::string>& env = {}) {
+    bool faulty = false;
+    for (const auto& x : env) faulty = faulty || x.starts_with("DAISY_TEST_");
     for (int i = 0; i < n; ++i) {
       const std::string name = "node-" + std::to_string(procs_.size() + 1);
       auto e = BaseEnv(name);
       for (const auto& x : env) e.push_back(x);
-      procs_.push_back(Proc::Spawn({e2e::Bin(), "node", "--join", Join(), "--name", name}, e, (tmp_ / (name + ".log")).string()));
+      std::vector<std::string> args = {faulty ? e2e::FaultyBin() : e2e::Bin(), "node", "--join", Join(), "--name", name};
+      for (const auto& a : ModelsDirArgs()) args.push_back(a);
+      procs_.push_back(Proc::Spawn(args, e, (tmp_ / (name + ".log")).string()));
     }
   }
   // `daisychain run ... --json`; returns the exit code and the parsed object (or null).
@@ -364,9 +376,10 @@ TEST_F(RingTest, AFrameTamperedWithInFlightBreaksTheLinkAndTheTurnIsReplayedWith
   const int inbox = e2e::FreePort();
   // Past the greeting and the CURVE handshake: the flip lands in a frame of the turn.
   test::FlippingProxy proxy(inbox, 1500);
-  procs_.push_back(Proc::Spawn({e2e::Bin(), "node", "--join", Join(), "--name", "node-tampered", "--port", std::to_string(inbox),
-                                "--advertise", "127.0.0.1:" + std::to_string(proxy.port())},
-                               BaseEnv("node-tampered"), (tmp_ / "node-tampered.log").string()));
+  std::vector<std::string> node_args = {e2e::Bin(), "node", "--join", Join(), "--name", "node-tampered", "--port", std::to_string(inbox),
+                                        "--advertise", "127.0.0.1:" + std::to_string(proxy.port())};
+  for (const auto& a : ModelsDirArgs()) node_args.push_back(a);
+  procs_.push_back(Proc::Spawn(node_args, BaseEnv("node-tampered"), (tmp_ / "node-tampered.log").string()));
   WaitForJoined(1);
   const auto want = GenerateIds(Stories(), "Once upon a time", 24);
   auto [rc, j] = Run({"--model", Stories(), "--prompt", "Once upon a time", "-n", "24", "--stages", "2", "--verify",

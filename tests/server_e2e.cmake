@@ -7,5 +7,5 @@ daisy_test(server_e2e_test
   SERIAL
   TIMEOUT 300)
 if(TARGET server_e2e_test)
-  add_dependencies(server_e2e_test daisychain)
+  add_dependencies(server_e2e_test daisychain daisychain_faulty)
 endif()

@@ -43,7 +43,8 @@ class ServerTest : public ::testing::Test {
                                    "serve", "--model", Stories()},
                                   {"DAISY_HOME=" + (tmp_ / "serve").string()}, (tmp_ / "serve.log").string()));
     node_ =
-        new Proc(Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port_), "--name", "node-1"},
+        new Proc(Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port_), "--name", "node-1",
+                              "--models-dir", e2e::Models()},
                              {"DAISY_HOME=" + (tmp_ / "node").string()}, (tmp_ / "node.log").string()));
     secret_ = e2e::AdminSecretFromLog((tmp_ / "serve.log").string());
     ASSERT_FALSE(secret_.empty()) << "serve printed no UI URL with its secret: "
@@ -740,7 +741,9 @@ TEST(ServeAudit, ARiggedNodeIsCaughtAndTheAnswerIsTheSingleDeviceOne) {
   Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute", "--model",
                             Stories(), "--stages", "2", "--audit", "0.1", "--audit-seed", "5"},
                            {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
-  Proc node = Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "rigged"},
+  // The test-only build: the product ignores DAISY_TEST_FLIP_EVERY (see the test below).
+  Proc node = Proc::Spawn({e2e::FaultyBin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "rigged",
+                           "--models-dir", e2e::Models()},
                           {"DAISY_HOME=" + (tmp / "node").string(), "DAISY_TEST_FLIP_EVERY=7"}, (tmp / "node.log").string());
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(120, 0);
@@ -940,6 +943,67 @@ TEST(ServeAccess, StrangersThroughThePortAreRefusedAndNoDeviceIsApproved) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
   }
+}
+
+// The fault hooks are not in the product: the release daisychain holds neither variable's
+// name, and a node under it with DAISY_TEST_FLIP_EVERY=1 and DAISY_TEST_HOP_DELAY_MS set is
+// honest, so every hop passes an audit at rate 1.0 (the daisychain_faulty build with the
+// same variable is caught on its first hop, as the test above shows at rate 0.1).
+TEST(ServeAudit, TheReleaseBinaryIgnoresTheFaultInjectionVariables) {
+  const std::string binary = e2e::ReadAll(e2e::Bin());
+  ASSERT_GT(binary.size(), 100000u);
+  EXPECT_EQ(binary.find("DAISY_TEST_FLIP_EVERY"), std::string::npos);
+  EXPECT_EQ(binary.find("DAISY_TEST_HOP_DELAY_MS"), std::string::npos);
+  char tmpl[] = "/tmp/daisy_serve_nofault_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  const int port = e2e::FreePort();
+  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute", "--model",
+                            Stories(), "--stages", "2", "--audit", "1.0"},
+                           {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
+  Proc node = Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "honest",
+                           "--models-dir", e2e::Models()},
+                          {"DAISY_HOME=" + (tmp / "node").string(), "DAISY_TEST_FLIP_EVERY=1", "DAISY_TEST_HOP_DELAY_MS=1"},
+                          (tmp / "node.log").string());
+  const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_default_headers({{"Cookie", "daisy_admin=" + secret}});  // the host's UI
+  cli.set_read_timeout(120, 0);
+  bool ready = false;
+  for (int i = 0; i < 600 && !ready; ++i) {
+    auto s = cli.Get("/api/state");
+    if (s && s->status == 200) {
+      Json state = Json::parse(s->body, nullptr, false);
+      if (state.is_object() && state["model"].is_object())
+        for (const auto& d : state["devices"]) ready = ready || (d["name"] == "honest" && d["status"] == "approved");
+    }
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(ready) << e2e::ReadAll((tmp / "serve.log").string());
+  const std::string prompt = "Once upon a time";
+  auto gen = e2e::RunCli("DAISY_HOME=" + (tmp / "gen").string(),
+                         "generate --model " + Stories() + " --prompt '" + prompt + "' -n 20 --json", tmp.string());
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  auto r = cli.Post("/api/generate", Json{{"prompt", prompt}, {"max_tokens", 20}, {"verify", true}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  const size_t at = r->body.rfind("event: done\ndata: ");
+  ASSERT_NE(at, std::string::npos) << r->body;
+  const size_t from = at + std::string("event: done\ndata: ").size();
+  const Json done = Json::parse(r->body.substr(from, r->body.find('\n', from) - from), nullptr, false);
+  ASSERT_TRUE(done.is_object()) << r->body;
+  ASSERT_EQ(done["stages"].size(), 2u) << "the turn did not use the node: " << done.dump();
+  EXPECT_EQ(done["stages"][1]["name"], "honest");
+  EXPECT_GT(done["stages"][1]["hops"].get<int>(), 0) << done.dump();
+  EXPECT_EQ(done["replays"], 0) << "a stage was caught lying: " << done.dump();
+  EXPECT_EQ(done["verified"], true);
+  EXPECT_EQ(done["ids"], Json::parse(gen.out)["ids"]);
+  EXPECT_EQ(r->body.find("event: retract"), std::string::npos) << r->body;
+  const std::string node_log = e2e::ReadAll((tmp / "node.log").string());
+  EXPECT_EQ(node_log.find("FAULT INJECTION"), std::string::npos) << node_log;
+  ::kill(serve.pid(), SIGINT);
+  EXPECT_EQ(serve.Wait(15), 0);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Verify through the real binary: `daisychain serve` and `daisychain run --verify --json` as
-// processes on 127.0.0.1, and one node in this process rigged (NodeOptions::test_flip_every)
+// processes on 127.0.0.1, and one node in this process rigged (a test::TestNodeFaults)
 // to flip the lowest mantissa bit of every hop's output. The ids survive the flips; `run`
 // must still say MISMATCH, report where in its JSON, and exit with code 3.
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include "daisy/net.h"
 #include "daisy/node.h"
 #include "e2e_util.h"
+#include "node_faults.h"
 #include "proc_util.h"
 
 namespace daisy {
@@ -34,13 +35,15 @@ TEST(VerifyE2eTest, RunOnARiggedRingSaysMismatchAndExitsWith3) {
   auto rendezvous = net::JoinAddress(join);
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status().message();
   std::atomic<bool> stop{false};
+  test::TestNodeFaults faults(/*flip_every=*/1, /*hop_delay_ms=*/0);
   std::thread node([&] {
     NodeOptions o;
     o.role = o.name = "node-rigged";
     o.rendezvous = *rendezvous;
     o.print_tokens = false;
     o.stop = &stop;
-    o.test_flip_every = 1;
+    o.faults = &faults;
+    o.models_dirs = {e2e::Models()};
     o.hub.cache_dir = (tmp / "node" / "cache").string();
     Status st = RunNode(o);
     if (!st.ok()) std::fprintf(stderr, "node: %s\n", st.message().c_str());

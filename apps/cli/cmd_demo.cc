@@ -45,15 +45,20 @@ std::string FindBundledModel() {
 }
 
 pid_t SpawnNode(const std::string& join, const std::string& server_key, const std::string& home, const std::string& name,
-                const std::string& log) {
+                const std::string& models_dir, const std::string& log) {
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   ::setenv("DAISY_HOME", home.c_str(), 1);
   ::unsetenv("DAISY_CACHE_DIR");
   FILE* out = std::freopen(log.c_str(), "w", stdout);
   if (out) ::dup2(::fileno(stdout), STDERR_FILENO);
-  ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--server-key", server_key.c_str(), "--name",
-          name.c_str(), static_cast<char*>(nullptr));
+  // A local model is opened by the nodes only if it lies under a folder they allow.
+  if (models_dir.empty())
+    ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--server-key", server_key.c_str(), "--name",
+            name.c_str(), static_cast<char*>(nullptr));
+  else
+    ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--server-key", server_key.c_str(), "--name",
+            name.c_str(), "--models-dir", models_dir.c_str(), static_cast<char*>(nullptr));
   std::_Exit(127);
 }
 
@@ -88,12 +93,14 @@ int RunDemo(const DemoFlags& f) {
   std::printf("DaisyChain demo: a rendezvous on %s, %d node processes and this head, on %s\n\n", join.c_str(), f.nodes, model.c_str());
   std::fflush(stdout);
 
+  std::error_code ec;
+  const std::string models_dir = fs::is_directory(model, ec) ? model : "";
   std::vector<pid_t> pids;
   for (int i = 0; i < f.nodes; ++i) {
     const std::string name = "node-" + std::to_string(i + 1);
     const fs::path home = tmp / name;
     fs::create_directories(home);
-    pids.push_back(SpawnNode(join, server_fpr, home.string(), name, (tmp / (name + ".log")).string()));
+    pids.push_back(SpawnNode(join, server_fpr, home.string(), name, models_dir, (tmp / (name + ".log")).string()));
   }
   ::setenv("DAISY_HOME", (tmp / "head").c_str(), 1);
 

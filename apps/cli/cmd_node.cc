@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
+#include "faults.h"
 #include "ring_common.h"
 
 namespace daisy::cli {
@@ -20,6 +21,7 @@ struct NodeFlags {
   std::string advertise;
   std::string server_key;
   bool no_cache = false;
+  std::vector<std::string> models_dirs;
 };
 
 int RunNodeCommand(const NodeFlags& f) {
@@ -38,6 +40,8 @@ int RunNodeCommand(const NodeFlags& f) {
   o.hub.cache_dir = DeviceCacheDir();
   o.hub.progress = TerminalProgressBar("layers");
   o.stop = &StopRequested();
+  o.models_dirs = f.models_dirs;
+  o.faults = ProcessNodeFaults();
   Status st = RunNode(o);
   if (!st.ok()) return ReportError(st.message());
   return 0;
@@ -59,6 +63,10 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--advertise", f->advertise,
                   "HOST:PORT the other devices are told to send to, when it differs from --host and --port (a relay "
                   "or port forward)");
+  sub->add_option("--models-dir", f->models_dirs,
+                  "A local folder a head may have this device open models under (repeatable); without it, only Hub "
+                  "repo ids. A path outside every such folder (symlinks and .. resolved) is refused, unread")
+      ->allow_extra_args(false);
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk slice cache");
   return [f] { return RunNodeCommand(*f); };
 });

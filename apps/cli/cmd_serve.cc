@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "daisy/net.h"
 #include "daisy/node.h"
 #include "daisy/server.h"
+#include "faults.h"
 #include "ring_common.h"
 
 namespace daisy::cli {
@@ -42,6 +44,7 @@ struct ServeFlags {
   std::string api_key;            // "": the OpenAI API answers this machine only
   std::string admin_secret_file;  // where to write the UI's admin secret ("" : nowhere)
   std::vector<std::string> allow_hosts;
+  std::vector<std::string> models_dirs;
   SessionOptions session;  // --audit, --audit-seed
 };
 
@@ -165,6 +168,12 @@ int RunServe(const ServeFlags& f) {
       o.admission = own;
       o.print_tokens = false;
       o.stop = &StopRequested();
+      // Local folders other heads may name: --models-dir, and the --model folder this
+      // serve was asked to load itself.
+      o.models_dirs = f.models_dirs;
+      std::error_code ec;
+      if (!f.model.empty() && std::filesystem::is_directory(f.model, ec)) o.models_dirs.push_back(f.model);
+      o.faults = ProcessNodeFaults();
       Status st = RunNode(o);
       if (!st.ok()) LogError("serve: the compute device stopped: " + st.message());
     });
@@ -267,6 +276,10 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--stages", f->stages, "Split turns over exactly N devices (head included) unless a request says otherwise; 0: automatic")
       ->check(CLI::Range(0, 64));
   AddAuditFlags(sub, f->session);
+  sub->add_option("--models-dir", f->models_dirs,
+                  "A local folder under which this process's compute device may open the models other heads name "
+                  "(repeatable; the --model folder is allowed too); otherwise only Hub repo ids")
+      ->allow_extra_args(false);
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
   sub->add_option("--api-key", f->api_key,

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "daisy/hub.h"
 #include "daisy/model.h"
@@ -63,6 +64,29 @@ wire::Hello MeasureHello(const std::string& device_id, const std::string& name, 
 uint64_t SpecHash(const ModelSpec& spec);
 uint32_t ModelHashOf(const ModelSource& source, const TensorIndex& index);
 
+// Fault injection, for tests only: hooks that make a device lie or lag on purpose. The
+// product never sets one (NodeOptions::faults stays null in the daisychain binary); tests
+// set it in-process, and the test-only daisychain_faulty binary installs one from its
+// environment. Called on the node's own thread only.
+class NodeFaults {
+ public:
+  virtual ~NodeFaults() = default;
+  // Printed once at start, so a rigged device is never mistaken for an honest one.
+  virtual std::string Describe() const = 0;
+  // A hop's output after its layers ran, before its hash is taken and it is sent on.
+  virtual void OnHopOutput(std::vector<float>& values) = 0;
+  // In an audited turn: after the hop's digest went to the head, and after its receipt went
+  // to the next stage (a liar that reports honestly and sends something else). Default: no-op.
+  virtual void AfterReport(std::vector<float>& /*values*/) {}
+  virtual void AfterReceipt(std::vector<float>& /*values*/) {}
+};
+
+// The local model folder an assignment names, if this device allows it: `path` with its
+// symlinks and ".." resolved (realpath) must be one of `allowed_dirs` (each resolved too) or
+// lie under one. Otherwise refused with an error naming `path`, before anything under it is
+// opened. Returns the resolved path.
+Result<std::string> AllowedModelFolder(const std::string& path, const std::vector<std::string>& allowed_dirs);
+
 struct NodeOptions {
   std::string role = "node";       // which id under DAISY_HOME this device uses
   std::string rendezvous;          // "tcp://HOST:PORT"
@@ -77,18 +101,15 @@ struct NodeOptions {
   bool print_tokens = true;        // print the token stream as it arrives
   const std::atomic<bool>* stop = nullptr;  // stops the loop when it becomes true
   int cache_slots = 4;             // conversations whose KV this device keeps (prefix cache)
-  // Fault injection for the audit tests only: flip one bit of every Nth hop's output.
-  // 0 = off; the environment variable DAISY_TEST_FLIP_EVERY sets it too.
-  int test_flip_every = 0;
-  // Fault injection for the audit tests only: every Nth hop, report the honest digest of the
-  // output to the head, then flip one bit of what is sent (a liar with an honest digest).
-  int test_lie_after_report = 0;
-  // ... and the same liar that gives the next stage a receipt for the honest rows too.
-  int test_lie_after_receipt = 0;
+  // Local folders an assignment may name (node --models-dir): a folder is opened only if it
+  // lies under one of these (see AllowedModelFolder). Empty: Hub repo ids only.
+  std::vector<std::string> models_dirs;
+  NodeFaults* faults = nullptr;  // tests only (see NodeFaults); not owned
 };
 
 // Runs the member loop until *options.stop is true. Survives a head that disappears and
-// serves the next turn. Returns an error only when it cannot start.
+// serves the next turn. Returns an error only when it cannot start (a --models-dir that is
+// not a folder among them).
 Status RunNode(const NodeOptions& options);
 
 }  // namespace daisy

@@ -83,7 +83,8 @@ TEST_F(AuditTest, FullAuditCatchesTheFirstRiggedHop) {
 // excluded; the honest stages stay and the replay is VERIFIED.
 TEST_F(AuditTest, AMiddleStageThatLiesWithAnHonestDigestIsExcludedAlone) {
   test_ring::InProcessRing::NodeSpec liar{"node-b"};
-  liar.lie_after_report = 3;
+  liar.flip_every = 3;
+  liar.lie = test::TestNodeFaults::Lie::kAfterReport;
   ASSERT_EQ(ring_.Start({{"node-a"}, liar, {"node-c"}}, /*in_order=*/true), "");
   HeadReport r = Run(1.0, 7, 30, "Once upon a time");
   ASSERT_EQ(r.audit_failures.size(), 1u);
@@ -104,7 +105,8 @@ TEST_F(AuditTest, AMiddleStageThatLiesWithAnHonestDigestIsExcludedAlone) {
 // two lied. Both are excluded, never the receiver alone, and the replay is VERIFIED.
 TEST_F(AuditTest, WhenTheEvidenceCannotDecideBothNeighboursAreExcluded) {
   test_ring::InProcessRing::NodeSpec liar{"node-b"};
-  liar.lie_after_receipt = 3;
+  liar.flip_every = 3;
+  liar.lie = test::TestNodeFaults::Lie::kAfterReceipt;
   ASSERT_EQ(ring_.Start({{"node-a"}, liar, {"node-c"}}, /*in_order=*/true), "");
   HeadReport r = Run(1.0, 7, 30, "Once upon a time");
   ASSERT_EQ(r.audit_failures.size(), 1u);

@@ -17,6 +17,7 @@
 #include "daisy/head.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
+#include "node_faults.h"
 
 namespace daisy::test_ring {
 
@@ -26,9 +27,8 @@ class InProcessRing {
  public:
   struct NodeSpec {
     std::string role;       // also its name
-    int flip_every = 0;     // NodeOptions::test_flip_every
-    int lie_after_report = 0;   // NodeOptions::test_lie_after_report
-    int lie_after_receipt = 0;  // NodeOptions::test_lie_after_receipt
+    int flip_every = 0;     // a TestNodeFaults flipping a bit of every Nth hop (0: honest)
+    test::TestNodeFaults::Lie lie = test::TestNodeFaults::Lie::kInOutput;  // where the flip goes
   };
 
   // Makes a DAISY_HOME under /tmp, starts the rendezvous and the nodes. Returns "" or why not.
@@ -61,7 +61,10 @@ class InProcessRing {
     if (!rv.ok()) return rv.status().message();
     rendezvous_ = std::move(*rv);
     for (const auto& n : nodes) {
-      threads_.emplace_back([this, n] {
+      // Made here, not on the thread: it must outlive the node, and Stop joins first.
+      test::TestNodeFaults* faults = nullptr;
+      if (n.flip_every > 0) faults = faults_.emplace_back(std::make_unique<test::TestNodeFaults>(n.flip_every, 0, n.lie)).get();
+      threads_.emplace_back([this, n, faults] {
         NodeOptions o;
         o.role = n.role;
         o.name = n.role;
@@ -69,9 +72,8 @@ class InProcessRing {
         o.admission = rendezvous_->LocalAdmission(/*trusted=*/false);  // auto_approve: approved at once
         o.print_tokens = false;
         o.stop = &stop_;
-        o.test_flip_every = n.flip_every;
-        o.test_lie_after_report = n.lie_after_report;
-        o.test_lie_after_receipt = n.lie_after_receipt;
+    int flip_every = 0;     // a TestNodeFaults flipping a bit of every Nth hop (0: honest)
+    test::TestNodeFaults::Lie lie = test::TestNodeFaults::Lie::kInOutput;  // where the flip goes
         o.hub.cache_dir = (home_ / n.role).string();
         Status st = RunNode(o);
         if (!st.ok()) std::fprintf(stderr, "node %s: %s\n", n.role.c_str(), st.message().c_str());
@@ -84,6 +86,7 @@ class InProcessRing {
     stop_ = true;
     for (auto& t : threads_) t.join();
     threads_.clear();
+    faults_.clear();
     rendezvous_.reset();
     if (!home_.empty()) {
       std::error_code ec;
@@ -107,6 +110,7 @@ class InProcessRing {
  private:
   std::filesystem::path home_;
   std::unique_ptr<net::Rendezvous> rendezvous_;
+  std::vector<std::unique_ptr<test::TestNodeFaults>> faults_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
 };

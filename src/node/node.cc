@@ -2,9 +2,8 @@
 #include <algorithm>
 #include <utility>
 #include <map>
-#include <bit>
 #include <chrono>
-#include <cstdlib>
+#include <filesystem>
 #include <thread>
 #include <cstdio>
 #include <optional>
@@ -46,13 +45,16 @@ struct CacheSlot {
 class Node {
  public:
   explicit Node(const NodeOptions& o) : o_(o) {
-    if (const char* d = std::getenv("DAISY_TEST_HOP_DELAY_MS")) hop_delay_ms_ = std::atoi(d);
-    flip_every_ = o.test_flip_every;
-    if (const char* f = std::getenv("DAISY_TEST_FLIP_EVERY")) flip_every_ = std::atoi(f);
-    if (flip_every_ > 0) std::fprintf(stderr, "node: TEST FAULT INJECTION: flipping a bit of every %d-th hop's output\n", flip_every_);
+    if (o.faults) std::fprintf(stderr, "node: TEST FAULT INJECTION: %s\n", o.faults->Describe().c_str());
   }
 
   Status Run() {
+    // A --models-dir that is not a folder is a mistake of this device's user: say so now,
+    // not when a head first names a folder.
+    for (const auto& d : o_.models_dirs) {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(d, ec)) return InvalidArgument("--models-dir " + d + ": no such folder");
+    }
     const std::string home = DeviceHome();
     DAISY_ASSIGN_OR_RETURN(net::KeyPair keys, DeviceKeys(home, o_.role));
     keys_ = keys;
@@ -279,6 +281,9 @@ class Node {
       if (src[0] != '/') {
         DAISY_ASSIGN_OR_RETURN(HubRef ref, ParseHubRef(a.model_id + "@" + a.revision));
         src = ref.repo + "@" + ref.revision;
+      } else {
+        // A head may name any path: open only what this device's user allowed.
+        DAISY_RETURN_IF_ERROR(AllowedModelFolder(src, o_.models_dirs).status());
       }
       DAISY_ASSIGN_OR_RETURN(slice_.source, OpenModelSource(src, hub));
       DAISY_ASSIGN_OR_RETURN(ModelInfo info, LoadModelInfo(*slice_.source));
@@ -382,9 +387,6 @@ class Node {
     if (!st.ok()) return refuse(st.message());
     compute_seconds_ += std::chrono::duration<double>(Clock::now() - started).count();
     ++hops_;
-    // Fault-injection hook for the ring tests: a slow stage makes "kill it mid-turn"
-    // deterministic. Never set outside tests.
-    if (hop_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hop_delay_ms_));
     wire::Activation out;
     out.seq = a.seq;
     out.token_index = a.token_index;
@@ -392,12 +394,7 @@ class Node {
     out.next = last ? wire::kNextReturn : stage_ + 1;
     out.model_hash = slice_.model_hash;
     out.values = std::move(h.values);
-    ++hop_count_;
-    auto flip = [&] {
-      uint32_t bits = std::bit_cast<uint32_t>(out.values[0]);
-      out.values[0] = std::bit_cast<float>(bits ^ 1u);  // the lowest mantissa bit: a one-ulp lie
-    };
-    if (flip_every_ > 0 && hop_count_ % flip_every_ == 0) flip();
+    if (o_.faults) o_.faults->OnHopOutput(out.values);  // tests only: a slow or lying stage
     const std::string& to = last ? stages_[0].address : stages_[static_cast<size_t>(stage_) + 1].address;
     if (audit_ && !head_address_.empty()) {
       // The report to the head: what came in (with the sender's receipt for it) and what goes out.
@@ -411,8 +408,7 @@ class Node {
         receipts_.erase(receipts_.begin(), receipts_.upper_bound(a.token_index));
       }
       (void)ep_->Send(head_address_, wire::Message(d), 500);
-      // Test-only liar: reports the honest digest above, then sends corrupted rows.
-      if (o_.test_lie_after_report > 0 && hop_count_ % o_.test_lie_after_report == 0) flip();
+      if (o_.faults) o_.faults->AfterReport(out.values);  // tests only: a liar with an honest digest
       if (!last) {
         // The receipt for what really goes out, MACed for the head: the next stage checks it
         // against the rows it receives and forwards it in its own report.
@@ -420,8 +416,7 @@ class Node {
         rc.mac = wire::ReceiptMac(audit_key_, slice_.model_hash, rc);
         (void)ep_->Send(to, wire::Message(rc), 500);
       }
-      // Test-only liar that also lies in its receipt: the honest digest everywhere, corrupted rows.
-      if (o_.test_lie_after_receipt > 0 && hop_count_ % o_.test_lie_after_receipt == 0) flip();
+      if (o_.faults) o_.faults->AfterReceipt(out.values);  // tests only: ... and an honest-looking receipt
     }
     out.act_hash = wire::ActHash(out.values);
     Status sent = ep_->Send(to, wire::Message(out), 1500);
@@ -492,7 +487,6 @@ class Node {
   void On(wire::StageStats&) {}
 
   const NodeOptions& o_;
-  int hop_delay_ms_ = 0;
   std::string id_;
   std::unique_ptr<net::Endpoint> ep_;
   std::string address_;     // what peers send to (the inbox, or --advertise)
@@ -525,13 +519,32 @@ class Node {
   net::KeyPair keys_;
   std::vector<float> inputs_;    // the turn's hop inputs, rows from position inputs_from_
   int32_t inputs_from_ = 0;
-  int flip_every_ = 0;           // test-only fault injection
-  int64_t hop_count_ = 0;
   int32_t printed_seq_ = -1;
   std::unique_ptr<TextStream> stream_;  // the token stream of the current turn, as text
 };
 
 }  // namespace
+
+Result<std::string> AllowedModelFolder(const std::string& path, const std::vector<std::string>& allowed_dirs) {
+  namespace fs = std::filesystem;
+  // The allowed folder list stays on this device: the error (which goes to the head) names
+  // only the path the head sent.
+  const std::string refused = "refusing the local model folder " + path +
+                              ": it is not under a folder this device allows (daisychain node --models-dir DIR); "
+                              "only Hub repo ids otherwise";
+  std::error_code ec;
+  // Resolved before the check: "/allowed/../etc" and a symlink out of /allowed are where
+  // they lead, not where their names say.
+  const fs::path real = fs::canonical(path, ec);
+  if (ec) return PermissionDenied(refused);
+  for (const auto& d : allowed_dirs) {
+    const fs::path dir = fs::canonical(d, ec);
+    if (ec) continue;
+    // Whole components: /models does not allow /models-other.
+    if (std::mismatch(dir.begin(), dir.end(), real.begin(), real.end()).first == dir.end()) return real.string();
+  }
+  return PermissionDenied(refused);
+}
 
 Status RunNode(const NodeOptions& options) {
   Node node(options);

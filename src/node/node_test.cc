@@ -48,6 +48,15 @@ class NodeTest : public ::testing::Test {
     options_.print_tokens = false;
     options_.stop = &stop_;
     options_.hub.use_cache = false;
+    // Local models the node may open: the bundled ones and <home>/allowed; <home>/outside
+    // holds a whole model it must not, and <home>/allowed/link leads there.
+    allowed_ = home_ + "/allowed";
+    outside_ = home_ + "/outside/stories";
+    std::filesystem::create_directories(allowed_ + "/sub");
+    std::filesystem::create_directories(home_ + "/outside");
+    std::filesystem::copy(std::string(std::getenv("DAISY_MODELS")) + "/stories260K", outside_, std::filesystem::copy_options::recursive);
+    std::filesystem::create_directory_symlink(outside_, allowed_ + "/link");
+    options_.models_dirs = {std::getenv("DAISY_MODELS"), allowed_};
     thread_ = std::thread([this] { status_ = RunNode(options_); });
     for (int i = 0; i < 100 && rv_->Members().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     ASSERT_EQ(rv_->Members().size(), 1u);
@@ -114,7 +123,7 @@ class NodeTest : public ::testing::Test {
     return a;
   }
 
-  std::string home_, model_dir_;
+  std::string home_, model_dir_, allowed_, outside_;
   std::unique_ptr<net::Rendezvous> rv_;
   NodeOptions options_;
   std::atomic<bool> stop_{false};
@@ -190,6 +199,65 @@ TEST_F(NodeTest, RefusesAnAssignmentWithACraftedRepoIdOrAGap) {
   ASSERT_TRUE(head_->Send(node_.address, wire::Message(wrong_stage)).ok());
   EXPECT_FALSE(Await<wire::Ready>(*head_, 1500, &error).has_value());
   EXPECT_NE(error.find("not this device"), std::string::npos) << error;
+}
+
+// A head may name any absolute path; the node opens a local folder only under one its user
+// allowed (--models-dir), with symlinks resolved. Each refusal names the path and comes
+// instead of a ready: the folders outside hold a whole model the node would otherwise load
+// (its own spec and model hashes are in the assignment), so any read would end in a ready.
+TEST_F(NodeTest, OpensALocalFolderOnlyUnderAnAllowedOne) {
+  auto assignment_for = [&](const std::string& path) {
+    wire::Assignment a = MakeAssignment();
+    a.model_id = path;
+    if (auto src = OpenLocalFolder(path); src.ok()) {
+      if (auto info = LoadModelInfo(**src); info.ok()) {  // all but /etc
+        a.spec_hash = SpecHash(info->spec);
+        a.model_hash = ModelHashOf(**src, info->index);
+      }
+    }
+    return a;
+  };
+  for (const std::string path : {std::string("/etc"), outside_, allowed_ + "/link"}) {
+    std::string error;
+    ASSERT_TRUE(head_->Send(node_.address, wire::Message(assignment_for(path))).ok());
+    EXPECT_FALSE(Await<wire::Ready>(*head_, 3000, &error).has_value()) << path << " was opened";
+    EXPECT_NE(error.find("refusing the local model folder " + path + ": it is not under a folder this device allows"), std::string::npos)
+        << error;
+  }
+  // The same model under an allowed folder is served, and so is the symlink's target once
+  // its own folder is allowed (the check is on where a path leads).
+  std::filesystem::copy(outside_, allowed_ + "/sub/stories", std::filesystem::copy_options::recursive);
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(assignment_for(allowed_ + "/sub/stories"))).ok());
+  EXPECT_TRUE(Await<wire::Ready>(*head_, 5000).has_value());
+}
+
+TEST(AllowedModelFolder, ResolvesDotDotAndSymlinksBeforeTheCheck) {
+  char tmpl[] = "/tmp/daisy_allowed_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path tmp = tmpl;
+  std::filesystem::create_directories(tmp / "models/a");
+  std::filesystem::create_directories(tmp / "models-other/b");
+  std::filesystem::create_directories(tmp / "secret");
+  std::filesystem::create_directory_symlink(tmp / "secret", tmp / "models/escape");
+  std::filesystem::create_directory_symlink(tmp / "models/a", tmp / "alias");
+  const std::vector<std::string> allowed = {(tmp / "models").string()};
+  EXPECT_EQ(AllowedModelFolder((tmp / "models/a").string(), allowed).value(), (tmp / "models/a").string());
+  EXPECT_EQ(AllowedModelFolder((tmp / "models").string(), allowed).value(), (tmp / "models").string());
+  // A symlink from outside into an allowed folder leads there: allowed.
+  EXPECT_EQ(AllowedModelFolder((tmp / "alias").string(), allowed).value(), (tmp / "models/a").string());
+  for (const std::string path : {(tmp / "models/../secret").string(), (tmp / "models/a/../../secret").string(),
+                                 (tmp / "models/escape").string(), (tmp / "models-other/b").string(), std::string("/etc"),
+                                 (tmp / "models/missing").string()}) {
+    auto r = AllowedModelFolder(path, allowed);
+    ASSERT_FALSE(r.ok()) << path << " allowed as " << r.value();
+    EXPECT_NE(r.status().message().find("refusing the local model folder " + path + ":"), std::string::npos) << r.status().message();
+    // The allowed folders are this device's business, not the head's.
+    EXPECT_EQ(r.status().message().find((tmp / "models").string() + " "), std::string::npos) << r.status().message();
+  }
+  // No folder allowed: no local folder at all.
+  EXPECT_FALSE(AllowedModelFolder((tmp / "models/a").string(), {}).ok());
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
 }
 
 }  // namespace

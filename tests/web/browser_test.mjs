@@ -56,7 +56,8 @@ await runTest('browser_test', async () => {
       const secret = await waitForServe(base, procs, secretFile);
       openUrl = `${base}/?token=${secret}`;
       for (const n of NODES) {
-        procs.start(n, E.bin, ['node', '--join', `127.0.0.1:${port}`, '--room', room, '--name', n], home(n));
+        // A node opens a local model only under a folder it was given.
+        procs.start(n, E.bin, ['node', '--join', `127.0.0.1:${port}`, '--room', room, '--name', n, '--models-dir', E.models], home(n));
       }
     }
 
