@@ -281,16 +281,22 @@ int NodeIndexOf(const std::vector<std::string>& ids, const std::string& id) {
   return -1;
 }
 
+// The index (in start order) of the node whose id has rank `rank` among the first n (0:
+// the lowest id, which the planner takes first after the head).
+int NodeByRank(const fs::path& tmp, int n, int rank) {
+  auto ids = NodeIdsSorted(tmp, n);
+  auto sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  return NodeIndexOf(ids, sorted[static_cast<size_t>(rank)]);
+}
+
 TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   StartServe(/*compute=*/false);
   StartNodes(3, {"DAISY_TEST_HOP_DELAY_MS=30"});
   WaitForJoined(3);
   const std::string tiny = (models_ / "tiny30").string();
   const auto want = GenerateIds(tiny, "Once upon a time", 80);
-  auto ids = NodeIdsSorted(tmp_, 3);
-  auto sorted = ids;
-  std::sort(sorted.begin(), sorted.end());
-  const int victim = NodeIndexOf(ids, sorted[0]);  // in the first plan: head + the two lowest ids
+  const int victim = NodeByRank(tmp_, 3, 0);  // in the first plan: head + the two lowest ids
 
   std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
                                    "--prompt", "Once upon a time", "-n", "80", "--stages", "3"};
@@ -311,11 +317,8 @@ TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNext
   StartNodes(3, {"DAISY_TEST_HOP_DELAY_MS=30"});
   WaitForJoined(3);
   const std::string tiny = (models_ / "tiny30").string();
-  auto ids = NodeIdsSorted(tmp_, 3);
-  auto sorted = ids;
-  std::sort(sorted.begin(), sorted.end());
-  const int first_victim = NodeIndexOf(ids, sorted[0]);
-  const int replacement = NodeIndexOf(ids, sorted[2]);
+  const int first_victim = NodeByRank(tmp_, 3, 0);
+  const int replacement = NodeByRank(tmp_, 3, 2);
 
   std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
                                    "--prompt", "Once upon a time", "-n", "200", "--stages", "3"};
@@ -477,10 +480,7 @@ TEST_F(RingTest, AStoppedStageIsGivenUpAndDoesNoHarmWhenItResumes) {
   WaitForJoined(3);
   const std::string tiny = (models_ / "tiny30").string();
   const auto want = GenerateIds(tiny, "Once upon a time", 80);
-  auto ids = NodeIdsSorted(tmp_, 3);
-  auto sorted = ids;
-  std::sort(sorted.begin(), sorted.end());
-  const int victim = NodeIndexOf(ids, sorted[0]);
+  const int victim = NodeByRank(tmp_, 3, 0);
   std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
                                    "--prompt", "Once upon a time", "-n", "80", "--stages", "3"};
   const auto start = std::chrono::steady_clock::now();

@@ -466,6 +466,8 @@ struct HeadSlot {
   uint64_t last_used = 0;
 };
 
+// XXH64, not BLAKE2b: the tag guards against accidents (a stage's cache from another
+// conversation); it is not evidence, which Verify's BLAKE2b step digests are.
 uint64_t IdsTag(std::span<const int32_t> ids) {
   return XXH64(ids.data(), ids.size() * sizeof(int32_t), 0x50524546u /* "PREF" */);
 }

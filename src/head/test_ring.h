@@ -72,8 +72,8 @@ class InProcessRing {
         o.admission = rendezvous_->LocalAdmission(/*trusted=*/false);  // auto_approve: approved at once
         o.print_tokens = false;
         o.stop = &stop_;
-    int flip_every = 0;     // a TestNodeFaults flipping a bit of every Nth hop (0: honest)
-    test::TestNodeFaults::Lie lie = test::TestNodeFaults::Lie::kInOutput;  // where the flip goes
+        o.faults = faults;
+        o.models_dirs = {std::getenv("DAISY_MODELS")};
         o.hub.cache_dir = (home_ / n.role).string();
         Status st = RunNode(o);
         if (!st.ok()) std::fprintf(stderr, "node %s: %s\n", n.role.c_str(), st.message().c_str());

@@ -79,7 +79,9 @@ int OpenVerified(const std::string& path, uint64_t length) {
     Discard(path, "not a cache entry");
     return -1;
   }
-  // Hash before handing out any byte: a sink cannot take back what it was given.
+  // Hash before handing out any byte: a sink cannot take back what it was given. XXH64
+  // guards against accidents (a torn or rotted cache file), not against an attacker who can
+  // write the cache; the weights' bits are then proven by Verify and the audit.
   XXH64_state_t* state = XXH64_createState();
   XXH64_reset(state, 0);
   std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(kBuf, std::max<uint64_t>(length, 1))));

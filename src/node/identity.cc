@@ -100,7 +100,7 @@ uint64_t SpecHash(const ModelSpec& p) {
   Put(s, "floats", buf);
   Put(s, "orig", std::to_string(p.rope_scaling.original_max_position_embeddings));
   Put(s, "prefix", p.tensor_prefix);
-  return XXH64(s.data(), s.size(), 0x5350454355ull);
+  return XXH64(s.data(), s.size(), 0x5350454355ull);  // agreement on the spec: an accident check, not evidence
 }
 
 uint32_t ModelHashOf(const ModelSource& source, const TensorIndex& index) {

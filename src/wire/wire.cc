@@ -226,6 +226,8 @@ std::string_view TagName(int32_t tag) {
   return "unknown";
 }
 
+// XXH32: "did the payload arrive intact" guards against accidents; CURVE already
+// authenticates every frame, and the audit's evidence is RowsDigest (BLAKE2b).
 uint32_t ActHash(std::span<const float> values) {
   static_assert(std::endian::native == std::endian::little, "hash the little-endian bytes");
   return XXH32(values.data(), values.size() * sizeof(float), 0x44414953u /* "DAIS" */);
