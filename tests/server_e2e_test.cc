@@ -32,6 +32,22 @@ std::string Stories() {
 const char* kPrompt = "Once upon a time";
 
 // One serve and one node for the whole suite: every test talks to the same server.
+// Polls the UI's /api/state (30 s at most) until a model is loaded and the device `name`
+// is approved.
+bool ModelLoadedAndApproved(httplib::Client& cli, const std::string& name) {
+  for (int i = 0; i < 600; ++i) {
+    auto s = cli.Get("/api/state");
+    if (s && s->status == 200) {
+      Json state = Json::parse(s->body, nullptr, false);
+      if (state.is_object() && state["model"].is_object())
+        for (const auto& d : state["devices"])
+          if (d["name"] == name && d["status"] == "approved") return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -750,17 +766,7 @@ TEST(ServeAudit, ARiggedNodeIsCaughtAndTheAnswerIsTheSingleDeviceOne) {
   const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
   ASSERT_FALSE(secret.empty()) << e2e::ReadAll((tmp / "serve.log").string());
   cli.set_default_headers({{"Cookie", "daisy_admin=" + secret}});
-  bool ready = false;
-  for (int i = 0; i < 600 && !ready; ++i) {
-    auto s = cli.Get("/api/state");
-    if (s && s->status == 200) {
-      Json state = Json::parse(s->body, nullptr, false);
-      if (state.is_object() && state["model"].is_object())
-        for (const auto& d : state["devices"]) ready = ready || (d["name"] == "rigged" && d["status"] == "approved");
-    }
-    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(ready) << e2e::ReadAll((tmp / "serve.log").string());
+  ASSERT_TRUE(ModelLoadedAndApproved(cli, "rigged")) << e2e::ReadAll((tmp / "serve.log").string());
   const std::string prompt = "Once upon a time";
   auto gen = e2e::RunCli("DAISY_HOME=" + (tmp / "gen").string(),
                          "generate --model " + Stories() + " --prompt '" + prompt + "' -n 60 --json", tmp.string());
@@ -969,17 +975,7 @@ TEST(ServeAudit, TheReleaseBinaryIgnoresTheFaultInjectionVariables) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_default_headers({{"Cookie", "daisy_admin=" + secret}});  // the host's UI
   cli.set_read_timeout(120, 0);
-  bool ready = false;
-  for (int i = 0; i < 600 && !ready; ++i) {
-    auto s = cli.Get("/api/state");
-    if (s && s->status == 200) {
-      Json state = Json::parse(s->body, nullptr, false);
-      if (state.is_object() && state["model"].is_object())
-        for (const auto& d : state["devices"]) ready = ready || (d["name"] == "honest" && d["status"] == "approved");
-    }
-    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(ready) << e2e::ReadAll((tmp / "serve.log").string());
+  ASSERT_TRUE(ModelLoadedAndApproved(cli, "honest")) << e2e::ReadAll((tmp / "serve.log").string());
   const std::string prompt = "Once upon a time";
   auto gen = e2e::RunCli("DAISY_HOME=" + (tmp / "gen").string(),
                          "generate --model " + Stories() + " --prompt '" + prompt + "' -n 20 --json", tmp.string());

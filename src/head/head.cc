@@ -482,22 +482,15 @@ size_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
 // read out from and of its logits, each as f32 bytes in memory (little-endian on every host
 // the kernels support). Ids alone miss a lie small enough to keep the argmax.
 struct StepDigest {
-  std::array<unsigned char, 32> row{};
-  std::array<unsigned char, 32> logits{};
+  wire::Digest row{};
+  wire::Digest logits{};
 };
-
-std::array<unsigned char, 32> Blake2b(std::span<const float> v) {
-  [[maybe_unused]] static const int init = sodium_init();  // picks the fastest BLAKE2b; same digests either way
-  std::array<unsigned char, 32> out{};
-  crypto_generichash(out.data(), out.size(), reinterpret_cast<const unsigned char*>(v.data()), v.size_bytes(), nullptr, 0);
-  return out;
-}
 
 // Adds digesting every step into `steps` to the options (after any hook already there).
 void DigestSteps(GenerateOptions& g, std::vector<StepDigest>& steps) {
   g.on_step = [&steps, before = std::move(g.on_step)](int position, std::span<const float> row, std::span<const float> logits) {
     if (before) before(position, row, logits);
-    steps.push_back({Blake2b(row), Blake2b(logits)});
+    steps.push_back({wire::RowsDigest(row), wire::RowsDigest(logits)});
   };
 }
 
@@ -980,7 +973,6 @@ struct HeadSession::Impl {
     const auto wait_start = Clock::now();
     std::map<int, Clock::time_point> last_sign;  // stage -> its last progress (or the assignment)
     std::map<int, Clock::time_point> resent;  // stage -> when its assignment was last sent
-    std::set<int> heard;                      // stages that said anything since
     for (size_t i = 1; i < stages.size(); ++i) last_sign[static_cast<int>(i)] = resent[static_cast<int>(i)] = wait_start;
     auto last_busy = Clock::now() - std::chrono::seconds(10);  // our last "busy" answer
     std::optional<Clock::time_point> busy_since;  // since when the ring has been busy
@@ -995,7 +987,7 @@ struct HeadSession::Impl {
       // A stage not heard from at all may have dropped the assignment as from a stranger (its
       // list of the room was older than this head's join): send it again every 5 s.
       for (auto& [stage, at] : resent)
-        if (!heard.count(stage) && Since(at) > 5.0) {
+        if (last_sign.at(stage) == wait_start && Since(at) > 5.0) {  // never heard from
           at = Clock::now();
           (void)ep->Send(stages[static_cast<size_t>(stage)].address, wire::Message(assignment_for(static_cast<size_t>(stage))), 1000);
         }
@@ -1015,10 +1007,7 @@ struct HeadSession::Impl {
         }
       if (!m) continue;
       const int from = StageOfSender(stages);
-      if (from >= 1) {
-        last_sign[from] = Clock::now();
-        heard.insert(from);
-      }
+      if (from >= 1) last_sign[from] = Clock::now();
       if (auto* rd = std::get_if<wire::Ready>(&*m)) {
         if (rd->stage >= 1 && static_cast<size_t>(rd->stage) < stages.size() && rd->stage == from) ready[rd->stage] = rd->kept;
       } else if (auto* pg = std::get_if<wire::Progress>(&*m)) {
@@ -1094,8 +1083,10 @@ struct HeadSession::Impl {
       gen.prefill_in_flight = 2;
     }
     gen.first_position = keep;
+    // Only a verified turn digests its steps: two BLAKE2b passes over the logits per token
+    // would otherwise sit in every token loop for nothing.
     std::vector<StepDigest> step_digests;
-    DigestSteps(gen, step_digests);
+    if (r.verify) DigestSteps(gen, step_digests);
     const auto started = Clock::now();
     auto result = generator.Generate(report.prompt_ids, gen, on_token);
     const double wall = Since(started);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "loopback.h"
 #include "daisy/net.h"
 
 namespace daisy::net {
@@ -89,19 +90,6 @@ Fixture Start(int max_connections = 256, const std::function<void(PortMuxOptions
   return f;
 }
 
-int ConnectTo(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
   const auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {
@@ -172,11 +160,11 @@ TEST(PortMux, TellsWhoIsReallyBehindARelayedConnection) {
 
 TEST(PortMux, ConnectionsBeyondTheCapAreClosedAndClosedOnesAreReleased) {
   Fixture f = Start(/*max_connections=*/2);
-  int a = ConnectTo(f.mux->port()), b = ConnectTo(f.mux->port());
+  int a = test::ConnectLoopback(f.mux->port()), b = test::ConnectLoopback(f.mux->port());
   ASSERT_GE(a, 0);
   ASSERT_GE(b, 0);
   ASSERT_TRUE(WaitFor([&] { return f.mux->connections() == 2; }, 2000ms));
-  int c = ConnectTo(f.mux->port());
+  int c = test::ConnectLoopback(f.mux->port());
   ASSERT_GE(c, 0);
   pollfd pfd{c, POLLIN, 0};
   ASSERT_EQ(::poll(&pfd, 1, 2000), 1) << "the connection over the cap was left open";
@@ -195,7 +183,7 @@ TEST(PortMux, ConnectionsBeyondTheCapAreClosedAndClosedOnesAreReleased) {
 
 // Sends `bytes` on a new connection to the mux and keeps it open; -1 if it cannot connect.
 int ConnectAndSend(int port, const std::string& bytes) {
-  int fd = ConnectTo(port);
+  int fd = test::ConnectLoopback(port);
   if (fd >= 0 && !bytes.empty() &&
       ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
     ::close(fd);
@@ -261,10 +249,10 @@ TEST(PortMux, TheCapIsPerSourceAddressToo) {
     o.identify_timeout_s = 30;  // the 8 silent ones stay while the test looks
   });
   std::vector<int> fds;
-  for (int i = 0; i < 8; ++i) fds.push_back(ConnectTo(f.mux->port()));
+  for (int i = 0; i < 8; ++i) fds.push_back(test::ConnectLoopback(f.mux->port()));
   for (int fd : fds) ASSERT_GE(fd, 0);
   ASSERT_TRUE(WaitFor([&] { return f.mux->connections() == 8; }, 3000ms)) << f.mux->connections();
-  int extra = ConnectTo(f.mux->port());
+  int extra = test::ConnectLoopback(f.mux->port());
   ASSERT_GE(extra, 0);
   pollfd pfd{extra, POLLIN, 0};
   ASSERT_EQ(::poll(&pfd, 1, 3000), 1) << "the 9th connection from one address was left open";

@@ -187,7 +187,7 @@ class Node {
     } else {
       // Lists from the rendezvous and frames from a head travel on different connections, so
       // a list from before a head (re)joined can arrive after its assignment. The head is
-      // taken as gone only when no later list brings it back (HeadGone), and until then its
+      // taken as gone only when no later list brings it back (ForgetHeadIfGone), and until then its
       // frames are still admitted.
       if (!head_missing_since_) head_missing_since_ = Clock::now();
       ep_->Allow(head_key_);

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "loopback.h"
 #include "daisy/head.h"
 #include "daisy/net.h"
 #include "daisy/server.h"
@@ -35,19 +36,6 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 const std::string kSecret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-int Connect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 int LocalPort(int fd) {
   sockaddr_in a{};
@@ -155,7 +143,7 @@ class ServerAbuse : public ::testing::Test {
 
   // A connection whose requests the server takes as coming from `source` ("": 127.0.0.1).
   int Open(const std::string& source = "") {
-    int fd = Connect(server_->port());
+    int fd = test::ConnectLoopback(server_->port());
     if (fd < 0) return -1;
     fds_.push_back(fd);
     if (!source.empty()) {

@@ -233,14 +233,20 @@ uint32_t ActHash(std::span<const float> values) {
   return XXH32(values.data(), values.size() * sizeof(float), 0x44414953u /* "DAIS" */);
 }
 
+// libsodium wants sodium_init() once before use (it also picks the fastest BLAKE2b; the
+// digests are the same either way). Thread-safe and cheap after the first call.
+static void InitSodium() { [[maybe_unused]] static const int once = sodium_init(); }
+
 Digest RowsDigest(std::span<const float> values) {
   static_assert(std::endian::native == std::endian::little, "hash the little-endian bytes");
+  InitSodium();
   Digest d{};
   crypto_generichash(d.data(), d.size(), reinterpret_cast<const unsigned char*>(values.data()), values.size() * sizeof(float), nullptr, 0);
   return d;
 }
 
 Digest ReceiptMac(std::span<const uint8_t, 32> key, uint32_t model_hash, const HopReceipt& r) {
+  InitSodium();
   Writer w;  // the fields in their wire order: one encoding, no ambiguity
   w.U32(model_hash);
   w.I32(r.seq);
