@@ -516,7 +516,7 @@
     } catch (e) {
       if (ctrl.signal.aborted) {
         // Stop: closing the stream ends the turn on the server at its next token.
-        reply.meta = { stopped: true };
+        reply.meta = { stopped: true, tokens };
         setChatState('stopped after ' + tokens + (tokens === 1 ? ' token' : ' tokens'));
         D.logStatus('chat: stopped by you');
       } else {
