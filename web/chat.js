@@ -15,7 +15,14 @@
   // ---------- Markdown, safely ----------
 
   // Inline spans: `code`, **bold**, __bold__, *italic*, _italic_, [text](http(s) URL).
-  const INLINE = /`([^`\n]+)`|\*\*(?=\S)([^*]+?)\*\*|__(?=\S)([^_]+?)__|\*(?=\S)([^*\n]+?)\*|(?:^|(?<=\W))_(?=\S)([^_\n]+?)_(?!\w)|\[([^\]\n]+)\]\(([^)\s]+)\)/g;
+  const INLINE = new RegExp([
+    /`([^`\n]+)`/.source,                               // 1: code
+    /\*\*(?=\S)([^*]+?)\*\*/.source,                     // 2: bold
+    /__(?=\S)([^_]+?)__/.source,                         // 3: bold
+    /\*(?=\S)([^*\n]+?)\*/.source,                       // 4: italic
+    /(?:^|(?<=\W))_(?=\S)([^_\n]+?)_(?!\w)/.source,       // 5: italic (not inside_words)
+    /\[([^\]\n]+)\]\(([^)\s]+)\)/.source,                 // 6, 7: link text, URL
+  ].join('|'), 'g');
 
   function safeHref(url) {
     try {
@@ -213,7 +220,8 @@
       const del = el('button', { type: 'button', class: 'chat-del', text: '×', title: 'Delete this conversation',
         'aria-label': 'Delete conversation ' + titleOf(c) });
       del.addEventListener('click', () => remove(c.id));
-      list.append(el('li', { class: 'chat-item', 'data-id': c.id, 'aria-current': c.id === cur.id ? 'true' : 'false' }, open, del));
+      const isCurrent = c.id === cur.id ? 'true' : 'false';
+      list.append(el('li', { class: 'chat-item', 'data-id': c.id, 'aria-current': isCurrent }, open, del));
     }
   }
 
@@ -273,7 +281,8 @@
     copy.addEventListener('click', () => copyText(m.content, copy));
     line.append(copy);
     if (k === lastAssistantIndex(c)) {
-      const regen = el('button', { type: 'button', class: 'ghost msg-regen', text: 'Regenerate', title: 'Ask for this reply again' });
+      const regen = el('button',
+        { type: 'button', class: 'ghost msg-regen', text: 'Regenerate', title: 'Ask for this reply again' });
       regen.disabled = chat.busy;
       regen.addEventListener('click', regenerate);
       line.append(regen);
@@ -281,8 +290,10 @@
     const out = [line];
     if (typeof meta.prefill_ms === 'number') {
       const t = el('details', { class: 'msg-timings' });
-      t.append(el('summary', { text: 'timings: prefill ' + D.fmtMs(meta.prefill_ms) + ' · decode ' + D.fmtMs(meta.decode_ms) +
-        (typeof meta.lap_ms === 'number' && meta.laps ? ' · ' + meta.laps + ' laps of ' + D.fmtMs(meta.lap_ms) : '') }));
+      const laps = typeof meta.lap_ms === 'number' && meta.laps
+        ? ' · ' + meta.laps + ' laps of ' + D.fmtMs(meta.lap_ms) : '';
+      t.append(el('summary',
+        { text: 'timings: prefill ' + D.fmtMs(meta.prefill_ms) + ' · decode ' + D.fmtMs(meta.decode_ms) + laps }));
       const stages = Array.isArray(meta.stages) ? meta.stages : [];
       if (stages.length) {
         const tbody = el('tbody');
@@ -295,8 +306,9 @@
             el('td', { 'data-label': 'ms / hop', class: 'num', text: D.fmtNum(s.ms_per_hop, 3) })));
         }
         t.append(el('div', { class: 'table-wrap' }, el('table', null,
-          el('thead', null, el('tr', null, el('th', { text: 'Stage' }), el('th', { text: 'Device' }), el('th', { text: 'Layers' }),
-            el('th', { class: 'num', text: 'Hops' }), el('th', { class: 'num', text: 'ms / hop' }))), tbody)));
+          el('thead', null, el('tr', null, el('th', { text: 'Stage' }), el('th', { text: 'Device' }),
+            el('th', { text: 'Layers' }), el('th', { class: 'num', text: 'Hops' }),
+            el('th', { class: 'num', text: 'ms / hop' }))), tbody)));
       }
       out.push(t);
     }
@@ -358,7 +370,9 @@
     const out = [];
     const system = (c.system || '').trim() ? c.system : '';
     if (system) out.push({ role: 'system', content: system });
-    for (const m of c.messages) if (m.role === 'user' || m.role === 'assistant') out.push({ role: m.role, content: m.content });
+    for (const m of c.messages) {
+      if (m.role === 'user' || m.role === 'assistant') out.push({ role: m.role, content: m.content });
+    }
     return out;
   }
 
@@ -507,7 +521,8 @@
         }
       } catch (e) {
         if (ctrl.signal.aborted) throw e;
-        throw new Error('The connection to the server was lost during the reply (' + (e && e.message ? e.message : e) + ').');
+        const why = e && e.message ? e.message : e;
+        throw new Error('The connection to the server was lost during the reply (' + why + ').');
       }
       parser.end();
       if (!finished) throw new Error('The connection to the server was lost before the reply finished.');
@@ -563,7 +578,8 @@
   function remove(id) {
     if (chat.busy) return;
     chat.store.conversations = chat.store.conversations.filter((x) => x.id !== id);
-    if (chat.store.current === id) chat.store.current = chat.store.conversations.length ? chat.store.conversations[0].id : null;
+    const left = chat.store.conversations;
+    if (chat.store.current === id) chat.store.current = left.length ? left[0].id : null;
     save();
     renderConversation();
   }

@@ -341,12 +341,11 @@ std::variant<UiChatRequest, ApiError> ParseUiChatRequest(std::string_view body) 
   auto parsed = ParseObject(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const Json& j = std::get<Json>(parsed);
-  static const char* const kKnown[] = {"conversation", "messages", "max_tokens", "ctx",   "temperature",
+  static const char* const kKnown[] = {"conversation", "messages", "max_tokens", "ctx",    "temperature",
                                        "seed",         "top_p",    "top_k",      "verify", "stages"};
   for (const auto& [key, value] : j.items()) {
     (void)value;
-    if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; }) ==
-        std::end(kKnown))
+    if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; }) == std::end(kKnown))
       return BadRequest("unknown field '" + key.substr(0, 64) +
                             "' (known: conversation, messages, max_tokens, ctx, temperature, seed, top_p, top_k, "
                             "verify, stages)",
@@ -374,9 +373,9 @@ std::variant<UiChatRequest, ApiError> ParseUiChatRequest(std::string_view body) 
   if (!m->is_array()) return WrongType("messages", "an array of {\"role\", \"content\"}", *m);
   if (m->empty()) return BadRequest("'messages' must hold at least one message", "messages");
   if (m->size() > kMaxChatMessages)
-    return BadRequest("'messages' holds " + std::to_string(m->size()) + " messages, at most " +
-                          std::to_string(kMaxChatMessages),
-                      "messages");
+    return BadRequest(
+        "'messages' holds " + std::to_string(m->size()) + " messages, at most " + std::to_string(kMaxChatMessages),
+        "messages");
   size_t chars = 0;
   r.messages = Json::array();
   for (size_t i = 0; i < m->size(); ++i) {
@@ -394,9 +393,9 @@ std::variant<UiChatRequest, ApiError> ParseUiChatRequest(std::string_view body) 
     if (!role->is_string()) return WrongType(where + ".role", "a string", *role);
     const std::string rs = role->get<std::string>();
     if (rs != "system" && rs != "user" && rs != "assistant")
-      return BadRequest("'" + where + ".role' must be \"system\", \"user\" or \"assistant\", got " +
-                            Dump(*role).substr(0, 40),
-                        where + ".role");
+      return BadRequest(
+          "'" + where + ".role' must be \"system\", \"user\" or \"assistant\", got " + Dump(*role).substr(0, 40),
+          where + ".role");
     if (rs == "system" && i != 0)
       return BadRequest("'" + where + "' is a system message: only the first message may be one", where + ".role");
     const Json* content = Field(msg, "content");
@@ -407,9 +406,9 @@ std::variant<UiChatRequest, ApiError> ParseUiChatRequest(std::string_view body) 
       return BadRequest("'" + where + ".content' is empty: a user message must say something", where + ".content");
     chars += text.size();
     if (chars > kMaxChatChars)
-      return BadRequest("the messages are too long: more than " + std::to_string(kMaxChatChars) +
-                            " bytes of content in all",
-                        where + ".content");
+      return BadRequest(
+          "the messages are too long: more than " + std::to_string(kMaxChatChars) + " bytes of content in all",
+          where + ".content");
     r.messages.push_back(Json{{"role", rs}, {"content", text}});
   }
   if (r.messages.back()["role"] != "user")

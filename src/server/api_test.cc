@@ -222,10 +222,11 @@ TEST(UiChat, RefusesMalformedRequestsNamingWhatIsWrong) {
     const char* param;
     const char* says;
   };
-  const std::string too_long = std::string(R"({"messages": [{"role": "user", "content": ")") +
-                               std::string(kMaxChatChars + 1, 'a') + R"("}]})";
+  const std::string too_long =
+      std::string(R"({"messages": [{"role": "user", "content": ")") + std::string(kMaxChatChars + 1, 'a') + R"("}]})";
   std::string many = R"({"messages": [)";
-  for (size_t i = 0; i <= kMaxChatMessages; ++i) many += std::string(i ? "," : "") + R"({"role": "user", "content": "x"})";
+  for (size_t i = 0; i <= kMaxChatMessages; ++i)
+    many += std::string(i ? "," : "") + R"({"role": "user", "content": "x"})";
   many += "]}";
   const std::string long_id = R"({"conversation": ")" + std::string(kMaxConversationId + 1, 'a') +
                               R"(", "messages": [{"role": "user", "content": "x"}]})";
@@ -246,8 +247,8 @@ TEST(UiChat, RefusesMalformedRequestsNamingWhatIsWrong) {
       {R"({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "y"},
           {"role": "user", "content": "z"}]})",
        "messages[1].role", "only the first"},
-      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})",
-       "messages[1].role", "the user's"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})", "messages[1].role",
+       "the user's"},
       {R"({"messages": [{"role": "user", "content": "x"}], "conversation": 5})", "conversation", "a string"},
       {R"({"messages": [{"role": "user", "content": "x"}], "conversation": "a b"})", "conversation", "letters"},
       {R"({"messages": [{"role": "user", "content": "x"}], "conversation": ""})", "conversation", "letters"},

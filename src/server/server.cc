@@ -940,10 +940,10 @@ struct Server::Impl {
     if (ids->empty()) return SendError(res, srv::BadRequest("the conversation is empty (no tokens)", "messages"));
     const int ctx = r.ctx > 0 ? r.ctx : model.ctx;
     if (static_cast<int>(ids->size()) >= ctx)
-      return SendError(res, srv::BadRequest("the conversation has " + std::to_string(ids->size()) +
-                                                " tokens; the context holds " + std::to_string(ctx) +
-                                                ": start a new chat or shorten it",
-                                            "messages"));
+      return SendError(
+          res, srv::BadRequest("the conversation has " + std::to_string(ids->size()) + " tokens; the context holds " +
+                                   std::to_string(ctx) + ": start a new chat or shorten it",
+                               "messages"));
     TurnSpec spec;
     spec.prompt_ids = std::move(*ids);
     spec.tokenizer = tok;

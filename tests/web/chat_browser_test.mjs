@@ -66,7 +66,8 @@ await runTest('chat_browser_test', async () => {
         const rows = document.querySelectorAll('#chat-messages .msg-row.assistant');
         return rows.length >= k && !window.daisy.chat.busy;
       }, n, { timeout: 90000 }).catch(async () => fail(`${what}: no reply; the chat shows:\n` +
-        await page.locator('#chat-messages').innerText() + '\nstate: ' + await page.locator('#chat-state').innerText()));
+        await page.locator('#chat-messages').innerText() + '\nstate: ' +
+        await page.locator('#chat-state').innerText()));
       const errors = await page.locator('#chat-messages .msg-row.error').allInnerTexts();
       check(errors.length === 0, `${what}: the chat shows an error: ${errors.join(' | ')}`);
     };
@@ -84,11 +85,13 @@ await runTest('chat_browser_test', async () => {
     await page.keyboard.press('Enter');
     await waitReplies(1, 'turn 1');
     const userText = await page.locator('#chat-messages .msg-row.user .bubble').first().innerText();
-    check(userText.includes(XSS) && userText.includes('\nPlease.'), `the user's message is not shown as typed: ${JSON.stringify(userText)}`);
+    check(userText.includes(XSS) && userText.includes('\nPlease.'),
+      `the user's message is not shown as typed: ${JSON.stringify(userText)}`);
     const stats1 = page.locator('#chat-messages .msg-row.assistant .msg-stats').last();
     check(/^reused 0 positions/.test(await stats1.innerText()), `turn 1 stats: ${await stats1.innerText()}`);
     const verify1 = await page.locator('#chat-messages .msg-row.assistant .msg-verify').last();
-    check(await verify1.getAttribute('data-verified') === 'true', `turn 1 is not VERIFIED: ${await verify1.innerText()}`);
+    check(await verify1.getAttribute('data-verified') === 'true',
+      `turn 1 is not VERIFIED: ${await verify1.innerText()}`);
     const timings = page.locator('#chat-messages .msg-row.assistant .msg-timings').last();
     await timings.locator('summary').click();
     check(/prefill .* decode/.test(await timings.locator('summary').innerText()), 'no timings line');
@@ -113,10 +116,13 @@ await runTest('chat_browser_test', async () => {
     const done2 = await page.evaluate(() => window.daisy.chat.lastDone);
     const stored = await page.evaluate(() => JSON.parse(localStorage.getItem('daisy.chat.v1')));
     const conv = stored.conversations.find((c) => c.id === stored.current);
-    const wire = [{ role: 'system', content: conv.system }, ...conv.messages.slice(0, 3).map((m) => ({ role: m.role, content: m.content }))];
-    const fresh = await chatTurn(base, secret, { conversation: 'fresh-' + Date.now(), messages: wire, max_tokens: 16, temperature: 0 });
+    const wire = [{ role: 'system', content: conv.system }, ...conv.messages.slice(0, 3).map((m) => ({ role: m.role,
+      content: m.content }))];
+    const fresh = await chatTurn(base, secret, { conversation: 'fresh-' + Date.now(), messages: wire, max_tokens: 16,
+      temperature: 0 });
     check(fresh.done && fresh.done.reused_positions === 0, `the fresh run: ${JSON.stringify(fresh).slice(0, 300)}`);
-    check(JSON.stringify(fresh.done.prompt_ids) === JSON.stringify(done2.prompt_ids), 'the script did not rebuild the UI\'s turn-2 prompt');
+    check(JSON.stringify(fresh.done.prompt_ids) === JSON.stringify(done2.prompt_ids),
+      'the script did not rebuild the UI\'s turn-2 prompt');
     check(JSON.stringify(fresh.done.ids) === JSON.stringify(done2.ids),
       `turn 2's ids ${JSON.stringify(done2.ids)} differ from a fresh run's ${JSON.stringify(fresh.done.ids)}`);
     console.log(`   ${stats2Text}; a fresh conversation sent ${fresh.done.ring_positions} positions, same ids`);
@@ -125,15 +131,20 @@ await runTest('chat_browser_test', async () => {
     step('Regenerate the last reply (greedy: the same text), Copy it');
     const before = await assistants.last().locator('.bubble').innerText();
     await assistants.last().locator('.msg-regen').click();
-    await page.waitForFunction(() => !window.daisy.chat.busy && document.querySelectorAll('#chat-messages .msg-row.assistant').length === 2,
+    await page.waitForFunction(() => !window.daisy.chat.busy &&
+      document.querySelectorAll('#chat-messages .msg-row.assistant').length === 2,
       null, { timeout: 90000 });
     check(await assistants.count() === 2, 'Regenerate added a reply instead of replacing the last one');
     const after = await assistants.last().locator('.bubble').innerText();
-    check(after === before, `a greedy Regenerate gave another text: ${JSON.stringify(before)} -> ${JSON.stringify(after)}`);
+    check(after === before,
+      `a greedy Regenerate gave another text: ${JSON.stringify(before)} -> ${JSON.stringify(after)}`);
     await assistants.last().locator('.msg-copy').click();
-    await page.waitForFunction(() => Array.from(document.querySelectorAll('.msg-copy')).some((b) => b.textContent === 'Copied'), null, { timeout: 5000 });
+    await page.waitForFunction(
+      () => Array.from(document.querySelectorAll('.msg-copy')).some((b) => b.textContent === 'Copied'),
+      null, { timeout: 5000 });
     const clip = await page.evaluate(() => navigator.clipboard.readText());
-    check(clip === done2.text, `Copy put ${JSON.stringify(clip)} on the clipboard, expected the reply ${JSON.stringify(done2.text)}`);
+    check(clip === done2.text,
+      `Copy put ${JSON.stringify(clip)} on the clipboard, expected the reply ${JSON.stringify(done2.text)}`);
 
     // ---- Stop ----
     step('Stop in the middle of a long reply, then send again');
@@ -159,7 +170,8 @@ await runTest('chat_browser_test', async () => {
       const lines = Array.from(document.querySelectorAll('#status-log .line')).map((l) => l.textContent);
       const m = lines.map((l) => l.match(/turn stopped by the client after (\d+) tokens?/)).find(Boolean);
       return m ? Number(m[1]) : false;
-    }, null, { timeout: 10000 }).then((h) => h.jsonValue()).catch(() => fail('the server did not say it stopped the turn'));
+    }, null, { timeout: 10000 }).then((h) => h.jsonValue())
+      .catch(() => fail('the server did not say it stopped the turn'));
     // The server ends the turn a few tokens after the stream closed (tokens already on their
     // way count too); the whole reply would run to the context's end, over 300 tokens here.
     check(stopLine >= shownTokens && stopLine <= shownTokens + 60,
@@ -169,7 +181,8 @@ await runTest('chat_browser_test', async () => {
     await page.fill('#chat-input', 'And then?');
     await page.press('#chat-input', 'Enter');
     await waitReplies(4, 'the message after Stop');
-    check(/^reused \d+ positions/.test(await assistants.last().locator('.msg-stats').innerText()), 'the turn after Stop has no stats');
+    check(/^reused \d+ positions/.test(await assistants.last().locator('.msg-stats').innerText()),
+      'the turn after Stop has no stats');
 
     // ---- an error as a message ----
     step('a message longer than the context, in a new chat: the error shows in the conversation');
@@ -188,15 +201,19 @@ await runTest('chat_browser_test', async () => {
       '```\n<img src=x onerror="window.__xss=3">\n```\n[safe](https://example.org/) [bad](javascript:window.__xss=4)';
     const pieces = reply.match(/[\s\S]{1,7}/g);
     const sse = pieces.map((p, i) => `event: token\ndata: ${JSON.stringify({ id: i + 10, text: p })}\n\n`).join('') +
-      `event: done\ndata: ${JSON.stringify({ text: reply, ids: pieces.map((_, i) => i + 10), prompt_ids: [1], reused_positions: 0,
-        ring_positions: 1, prompt_tokens: 1, finish_reason: 'stop', stages: [], mode: 'template', verified: null })}\n\n`;
-    await page.route('**/api/chat', (route) => route.fulfill({ status: 200, contentType: 'text/event-stream', body: sse }), { times: 1 });
+      `event: done\ndata: ${JSON.stringify({ text: reply, ids: pieces.map((_, i) => i + 10), prompt_ids: [1],
+        reused_positions: 0,
+        ring_positions: 1, prompt_tokens: 1, finish_reason: 'stop', stages: [], mode: 'template',
+          verified: null })}\n\n`;
+    await page.route('**/api/chat', (route) => route.fulfill({ status: 200, contentType: 'text/event-stream',
+      body: sse }), { times: 1 });
     await page.fill('#chat-input', 'Show me HTML: ' + XSS);
     await page.press('#chat-input', 'Enter');
     await waitReplies(1, 'the canned reply');
     const bubble = assistants.last().locator('.bubble');
     const shown = await bubble.innerText();
-    check(shown.includes(XSS) && shown.includes('<script>window.__xss=2</script>') && shown.includes('<img src=x onerror="window.__xss=3">'),
+    check(shown.includes(XSS) && shown.includes('<script>window.__xss=2</script>') &&
+      shown.includes('<img src=x onerror="window.__xss=3">'),
       `the HTML of the reply is not shown as text: ${JSON.stringify(shown)}`);
     const dom = await page.evaluate(() => {
       const box = document.getElementById('chat-messages');
@@ -211,7 +228,8 @@ await runTest('chat_browser_test', async () => {
     });
     check(dom.imgs === 0 && dom.scripts === 0, `HTML from the reply reached the DOM: ${JSON.stringify(dom)}`);
     check(dom.xss === undefined, `a handler of the reply ran: window.__xss = ${dom.xss}`);
-    check(dom.bold.includes('bold') && dom.code.includes('<b>code</b>') && dom.items === 2, `Markdown not rendered: ${JSON.stringify(dom)}`);
+    check(dom.bold.includes('bold') && dom.code.includes('<b>code</b>') && dom.items === 2,
+      `Markdown not rendered: ${JSON.stringify(dom)}`);
     check(dom.code.some((c) => c.includes('<img src=x')), `the code block is missing: ${JSON.stringify(dom.code)}`);
     check(dom.links.length === 1 && dom.links[0].href === 'https://example.org/' && /noopener/.test(dom.links[0].rel),
       `links: ${JSON.stringify(dom.links)} (only the https one may be a link, with rel=noopener)`);
@@ -223,16 +241,24 @@ await runTest('chat_browser_test', async () => {
     check(!storedBefore.includes(secret), 'the admin secret is in localStorage');
     await page.reload();
     await page.waitForSelector('#conn[data-state="live"]', { timeout: 15000 });
-    check(await page.locator('#chat-list .chat-item').count() === 3, `after a reload the side panel lists ${await page.locator('#chat-list .chat-item').count()} conversations`);
-    check((await assistants.last().locator('.bubble').innerText()) === shown, 'after a reload the current conversation differs');
+    check(await page.locator('#chat-list .chat-item').count() === 3,
+      `after a reload the side panel lists ${await page.locator('#chat-list .chat-item').count()} conversations`);
+    check((await assistants.last().locator('.bubble').innerText()) === shown,
+      'after a reload the current conversation differs');
     await page.locator('#chat-list .chat-item .chat-open', { hasText: 'Tell me about a cat.' }).click();
-    check(await page.locator('#chat-messages .msg-row.user').count() === 4, 'after a reload the first conversation lost messages');
-    check(await assistants.count() === 4, `after a reload the first conversation (2 replies, a stopped one, one after it) shows ${await assistants.count()} replies`);
-    check(/^reused \d+ positions/.test(await assistants.nth(1).locator('.msg-stats').innerText()), 'after a reload the stats are gone');
-    check(await page.inputValue('#chat-system') === 'You tell short stories.', 'after a reload the system prompt is gone');
-    check(await assistants.nth(2).locator('.msg-stopped').count() === 1, 'after a reload the stopped reply is not marked stopped');
+    check(await page.locator('#chat-messages .msg-row.user').count() === 4,
+      'after a reload the first conversation lost messages');
+    check(await assistants.count() === 4,
+      `after a reload the first conversation (2 replies, a stopped one, one more) shows ${await assistants.count()}`);
+    check(/^reused \d+ positions/.test(await assistants.nth(1).locator('.msg-stats').innerText()),
+      'after a reload the stats are gone');
+    check(await page.inputValue('#chat-system') === 'You tell short stories.',
+      'after a reload the system prompt is gone');
+    check(await assistants.nth(2).locator('.msg-stopped').count() === 1,
+      'after a reload the stopped reply is not marked stopped');
     await page.locator('#chat-list .chat-item .chat-open', { hasText: 'Once upon a time' }).click();
-    check(await page.locator('#chat-messages .msg-row.error').count() === 1, 'after a reload the error message is gone');
+    check(await page.locator('#chat-messages .msg-row.error').count() === 1,
+      'after a reload the error message is gone');
     await page.locator('#chat-list .chat-item .chat-open', { hasText: 'Tell me about a cat.' }).click();
 
     // ---- screenshots ----
@@ -246,9 +272,11 @@ await runTest('chat_browser_test', async () => {
     await page.screenshot({ path: shot360, fullPage: true });
     console.log(`   screenshots: ${shot1280} ${shot360}`);
     check(overflow <= 361, `at 360 px the page is ${overflow} px wide (it scrolls sideways)`);
-    check(await page.locator('#chat-send').isVisible() && await page.locator('#chat-input').isVisible(), 'at 360 px the composer is not visible');
+    check(await page.locator('#chat-send').isVisible() && await page.locator('#chat-input').isVisible(),
+      'at 360 px the composer is not visible');
     const sendBox = await page.locator('#chat-send').boundingBox();
-    check(sendBox && sendBox.x >= 0 && sendBox.x + sendBox.width <= 360, `at 360 px Send is outside the screen: ${JSON.stringify(sendBox)}`);
+    check(sendBox && sendBox.x >= 0 && sendBox.x + sendBox.width <= 360,
+      `at 360 px Send is outside the screen: ${JSON.stringify(sendBox)}`);
 
     check(pageErrors.length === 0, 'the page threw:\n' + pageErrors.join('\n'));
     ok = true;
@@ -256,7 +284,8 @@ await runTest('chat_browser_test', async () => {
     if (browser) await browser.close().catch(() => {});
     await procs.stopAll();
     for (const p of procs.list) {
-      try { fs.copyFileSync(p.logFile, path.join(E.artifacts, `chat_browser_test-${p.name}.log`)); } catch (_) { /* none */ }
+      try { fs.copyFileSync(p.logFile, path.join(E.artifacts,
+        `chat_browser_test-${p.name}.log`)); } catch (_) { /* none */ }
     }
     if (!ok) {
       for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);

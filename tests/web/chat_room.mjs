@@ -32,7 +32,8 @@ export async function startChatRoom(E, procs, tmp) {
   requireFile(E.bin, 'the daisychain binary', 'build it first (cmake --build build), or set DAISY_BIN_DIR');
   requireFile(faulty, 'the test build daisychain_faulty', 'build it (cmake --build build --target daisychain_faulty)');
   const stories = path.join(E.models, 'stories260K');
-  requireFile(path.join(stories, 'config.json'), 'the bundled model', 'set DAISY_MODELS to the folder holding stories260K');
+  requireFile(path.join(stories, 'config.json'), 'the bundled model',
+    'set DAISY_MODELS to the folder holding stories260K');
   const models = path.join(tmp, 'models');
   const modelDir = path.join(models, 'stories260K-chat');
   copyModelWithTemplate(stories, modelDir);
@@ -57,7 +58,8 @@ export async function startChatRoom(E, procs, tmp) {
       s.devices.some((d) => d.name === 'slow-node' && d.status === 'approved');
     return ok ? s : null;
   }, { timeoutMs: 45000, procs, intervalMs: 250 });
-  check(state.plan.stages.some((s) => s.name === 'slow-node'), `the plan does not use the slow node: ${JSON.stringify(state.plan)}`);
+  check(state.plan.stages.some((s) => s.name === 'slow-node'),
+    `the plan does not use the slow node: ${JSON.stringify(state.plan)}`);
   return { base, secret, modelDir, openUrl: `${base}/?token=${secret}` };
 }
 
