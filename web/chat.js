@@ -20,7 +20,7 @@
     /\*\*(?=\S)([^*]+?)\*\*/.source,                     // 2: bold
     /__(?=\S)([^_]+?)__/.source,                         // 3: bold
     /\*(?=\S)([^*\n]+?)\*/.source,                       // 4: italic
-    /(?:^|(?<=\W))_(?=\S)([^_\n]+?)_(?!\w)/.source,       // 5: italic (not inside_words)
+    /\b_(?=\S)([^_\n]+?)_\b/.source,                      // 5: italic (not inside snake_case_words)
     /\[([^\]\n]+)\]\(([^)\s]+)\)/.source,                 // 6, 7: link text, URL
   ].join('|'), 'g');
 

@@ -75,7 +75,8 @@ await runTest('chat_api_test', async () => {
     const streamed = t1.events.filter((e) => e.name === 'token').map((e) => e.data.text).join('');
     check(streamed === t1.done.text,
       `turn 1: the streamed text ${JSON.stringify(streamed)} is not done.text ${JSON.stringify(t1.done.text)}`);
-    check(t1.done.stages.length === 2, `turn 1 ran on ${t1.done.stages.length} stage(s), expected 2`);
+    check(t1.done.stages.length === 2 && t1.done.stages[1].name === 'slow-node',
+      `turn 1 ran on ${JSON.stringify(t1.done.stages.map((s) => s.name))}, expected head and slow-node`);
     console.log(`   reply ${JSON.stringify(t1.done.text)}; ${t1.done.prompt_tokens} prompt tokens, ` +
       `${t1.done.ring_positions} positions sent`);
 

@@ -197,7 +197,8 @@ await runTest('chat_browser_test', async () => {
     step('a reply with HTML, Markdown and a javascript: link (a canned stream, see the top of this file)');
     await page.click('#chat-new');
     check(await page.locator('#chat-messages .msg-row').count() === 0, 'New chat did not start an empty conversation');
-    const reply = `Here: ${XSS} and **bold** and \`<b>code</b>\`\n\n- one\n- two <script>window.__xss=2</script>\n\n` +
+    const reply = `Here: ${XSS} and **bold**, _italic_, snake_case_name and \`<b>code</b>\`\n\n` +
+      '- one\n- two <script>window.__xss=2</script>\n\n' +
       '```\n<img src=x onerror="window.__xss=3">\n```\n[safe](https://example.org/) [bad](javascript:window.__xss=4)';
     const pieces = reply.match(/[\s\S]{1,7}/g);
     const sse = pieces.map((p, i) => `event: token\ndata: ${JSON.stringify({ id: i + 10, text: p })}\n\n`).join('') +
@@ -220,6 +221,7 @@ await runTest('chat_browser_test', async () => {
       return {
         imgs: box.querySelectorAll('img').length, scripts: box.querySelectorAll('script').length,
         bold: Array.from(box.querySelectorAll('.msg-row.assistant strong')).map((e) => e.textContent),
+        italic: Array.from(box.querySelectorAll('.msg-row.assistant em')).map((e) => e.textContent),
         code: Array.from(box.querySelectorAll('.msg-row.assistant code')).map((e) => e.textContent),
         items: box.querySelectorAll('.msg-row.assistant li').length,
         links: Array.from(box.querySelectorAll('a')).map((a) => ({ href: a.getAttribute('href'), rel: a.rel })),
@@ -231,6 +233,8 @@ await runTest('chat_browser_test', async () => {
     check(dom.bold.includes('bold') && dom.code.includes('<b>code</b>') && dom.items === 2,
       `Markdown not rendered: ${JSON.stringify(dom)}`);
     check(dom.code.some((c) => c.includes('<img src=x')), `the code block is missing: ${JSON.stringify(dom.code)}`);
+    check(JSON.stringify(dom.italic) === '["italic"]' && shown.includes('snake_case_name'),
+      `italic: ${JSON.stringify(dom.italic)} (only _italic_, not the underscores of snake_case_name)`);
     check(dom.links.length === 1 && dom.links[0].href === 'https://example.org/' && /noopener/.test(dom.links[0].rel),
       `links: ${JSON.stringify(dom.links)} (only the https one may be a link, with rel=noopener)`);
     check(shown.includes('[bad](javascript:window.__xss=4)'), 'the javascript: link is not shown as text');

@@ -4,7 +4,7 @@
 // long enough to be stopped in its middle. Used by chat_api_test.mjs and chat_browser_test.mjs.
 import fs from 'node:fs';
 import path from 'node:path';
-import { check, freePort, requireFile, waitFor, waitForServe } from './lib.mjs';
+import { freePort, requireFile, waitFor, waitForServe } from './lib.mjs';
 
 // A ChatML-like template (plain text; the tokenizer's byte fallback encodes anything),
 // bos_token first as real templates do: the chat prompt is encoded without adding special tokens.
@@ -25,8 +25,8 @@ export function copyModelWithTemplate(src, dst) {
   fs.writeFileSync(cfgPath, JSON.stringify(cfg, null, 2));
 }
 
-// Starts serve and the slow node; returns {base, secret, modelDir, openUrl} once a
-// 2-stage plan over both devices is in place.
+// Starts serve and the slow node; returns {base, secret, modelDir, openUrl} once the node
+// is in the room.
 export async function startChatRoom(E, procs, tmp) {
   const faulty = path.join(E.binDir, 'daisychain_faulty');
   requireFile(E.bin, 'the daisychain binary', 'build it first (cmake --build build), or set DAISY_BIN_DIR');
@@ -51,15 +51,14 @@ export async function startChatRoom(E, procs, tmp) {
   const secret = await waitForServe(base, procs, secretFile);
   procs.start('slow-node', faulty, ['node', '--join', `127.0.0.1:${port}`, '--room', room, '--name', 'slow-node',
     '--models-dir', models], { ...home('slow-node'), DAISY_TEST_HOP_DELAY_MS: String(HOP_DELAY_MS) });
-  const state = await waitFor('the slow node to join and a 2-stage plan with the chat model', async () => {
+  // Only the room is awaited, not the plan preview of /api/state: each turn plans afresh and,
+  // asked for 2 stages, waits for the second device itself (the tests check each turn's stages).
+  await waitFor('the slow node to join and the chat model to be loaded', async () => {
     const res = await fetch(`${base}/api/state`, { headers: { Cookie: `daisy_admin=${secret}` } });
     const s = await res.json();
-    const ok = s.model && s.model.has_chat_template && s.plan && s.plan.stages && s.plan.stages.length === 2 &&
-      s.devices.some((d) => d.name === 'slow-node' && d.status === 'approved');
-    return ok ? s : null;
+    const joined = s.devices.some((d) => d.name === 'slow-node' && d.status === 'approved');
+    return s.model && s.model.has_chat_template && joined;
   }, { timeoutMs: 45000, procs, intervalMs: 250 });
-  check(state.plan.stages.some((s) => s.name === 'slow-node'),
-    `the plan does not use the slow node: ${JSON.stringify(state.plan)}`);
   return { base, secret, modelDir, openUrl: `${base}/?token=${secret}` };
 }
 
