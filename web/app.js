@@ -399,6 +399,8 @@
     renderModel(s.model);
     renderPlan(s.plan);
     updateGenerateEnabled();
+    // The chat (chat.js) follows the model and the ring from here.
+    document.dispatchEvent(new CustomEvent('daisy:state', { detail: s }));
   }
 
   async function refreshState() {
@@ -797,7 +799,7 @@
   });
 
   // For tests and debugging.
-  window.daisy = { SSEParser, ui };
+  window.daisy = { SSEParser, ui, el, parseData, errorOf, readSettings, logStatus, fmtMs, fmtNum, layersText };
 
   refreshState();
   connectEvents();
