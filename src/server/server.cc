@@ -323,6 +323,10 @@ struct Server::Impl {
       for (const auto& d : devices)
         if (d["status"] == "approved")
           key += "|" + d["id"].get<std::string>() + ":" + std::to_string(d["free_memory"].get<uint64_t>());
+      // The preview plans over the members the head has heard of, which can lag the room's
+      // list by a peer-list round trip: keyed on both, a preview made in that gap is redone.
+      key += "|head:";
+      for (const auto& p : options.session->Peers()) key += p.hello.device_id + ",";
       if (key != plan_key) {
         auto plan = options.session->PreviewPlan(DefaultStages());
         if (plan.ok()) {
