@@ -140,27 +140,31 @@ void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* ac
     int gu, n;
     float* act;
   } task{&s, hb, gu, n, act};
-  // Tasks of up to kColumns elements of one row: decode (one row) is split too.
+  // Tasks of up to kColumns elements of one row. A decode row (a few thousand elements,
+  // tens of microseconds) stays on the caller: waking the pool costs more than it saves.
   constexpr int kColumns = 1024;
+  constexpr int64_t kMinParallel = 32768;
   const int chunks = (s.intermediate + kColumns - 1) / kColumns;
-  kernels::ParallelFor(
-      n * chunks,
-      [](void* ctx, int t) {
-        const Task& k = *static_cast<const Task*>(ctx);
-        const int ffn = k.s->intermediate;
-        const int chunks = (ffn + kColumns - 1) / kColumns;
-        const int i = t / chunks, j0 = (t % chunks) * kColumns, j1 = std::min(ffn, j0 + kColumns);
-        const bool silu = k.s->activation == Activation::kSilu;
-        const float* g = k.hb + static_cast<size_t>(i) * k.gu;
-        float* a = k.act + static_cast<size_t>(i) * ffn;
-        if (k.s->gated_mlp) {
-          const float* u = g + ffn;
-          for (int j = j0; j < j1; ++j) a[j] = (silu ? ops::Silu(g[j]) : ops::GeluNew(g[j])) * u[j];
-        } else {
-          for (int j = j0; j < j1; ++j) a[j] = silu ? ops::Silu(g[j]) : ops::GeluNew(g[j]);
-        }
-      },
-      &task);
+  void (*fn)(void*, int) = [](void* ctx, int t) {
+    const Task& k = *static_cast<const Task*>(ctx);
+    const int ffn = k.s->intermediate;
+    const int chunks = (ffn + kColumns - 1) / kColumns;
+    const int i = t / chunks, j0 = (t % chunks) * kColumns, j1 = std::min(ffn, j0 + kColumns);
+    const bool silu = k.s->activation == Activation::kSilu;
+    const float* g = k.hb + static_cast<size_t>(i) * k.gu;
+    float* a = k.act + static_cast<size_t>(i) * ffn;
+    if (k.s->gated_mlp) {
+      const float* u = g + ffn;
+      for (int j = j0; j < j1; ++j) a[j] = (silu ? ops::Silu(g[j]) : ops::GeluNew(g[j])) * u[j];
+    } else {
+      for (int j = j0; j < j1; ++j) a[j] = silu ? ops::Silu(g[j]) : ops::GeluNew(g[j]);
+    }
+  };
+  if (int64_t{n} * s.intermediate < kMinParallel) {
+    for (int t = 0; t < n * chunks; ++t) fn(&task, t);
+  } else {
+    kernels::ParallelFor(n * chunks, fn, &task);
+  }
 }
 
 // One transformer block over the batch, in place.

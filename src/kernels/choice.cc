@@ -76,7 +76,8 @@ std::string WriteChoiceCache(const std::string& path, const ShapeTimings& timing
     nlohmann::ordered_json row = nlohmann::ordered_json::object();
     for (int b = 0; b < 4; ++b)
       if (timings[static_cast<size_t>(s)][static_cast<size_t>(b)] > 0)
-        row[std::string(BackendName(static_cast<Backend>(b)))] = timings[static_cast<size_t>(s)][static_cast<size_t>(b)];
+        row[std::string(BackendName(static_cast<Backend>(b)))] =
+            timings[static_cast<size_t>(s)][static_cast<size_t>(b)];
     sec[std::string(ShapeKey(s))] = row;
   }
   j["seconds_per_product"] = sec;

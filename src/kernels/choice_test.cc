@@ -67,9 +67,8 @@ class ChoiceTest : public ::testing::Test {
   void SetUp() override {
     home_env_ = Env("DAISY_HOME");
     kernels_env_ = Env("DAISY_KERNELS");
-    home_ = std::filesystem::temp_directory_path() /
-            ("daisy_choice_test_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    home_ = std::filesystem::temp_directory_path() / ("daisy_choice_test_" + std::to_string(::getpid()) + "_" +
+                                                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(home_);
     std::filesystem::create_directories(home_);
     ::setenv("DAISY_HOME", home_.c_str(), 1);
@@ -91,9 +90,7 @@ class ChoiceTest : public ::testing::Test {
       for (Backend b : kAll) row[static_cast<size_t>(b)] = b == fast ? 1e-9 : 1.0;
     return t;
   }
-  void WriteFile(const std::string& text) const {
-    std::ofstream(CachePath(), std::ios::trunc) << text;
-  }
+  void WriteFile(const std::string& text) const { std::ofstream(CachePath(), std::ios::trunc) << text; }
 
   std::filesystem::path home_;
   std::optional<std::string> home_env_, kernels_env_;
@@ -150,7 +147,8 @@ TEST_F(ChoiceTest, CacheRoundTripAndReuse) {
   if (passing.size() < 2) GTEST_SKIP() << "only scalar here: nothing is measured";
   internal::ShapeTimings t{};
   for (size_t s = 0; s < t.size(); ++s)
-    for (Backend b : passing) t[s][static_cast<size_t>(b)] = 0.001 * static_cast<double>(s + 1) + 1e-5 * static_cast<int>(b);
+    for (Backend b : passing)
+      t[s][static_cast<size_t>(b)] = 0.001 * static_cast<double>(s + 1) + 1e-5 * static_cast<int>(b);
   ASSERT_EQ(internal::WriteChoiceCache(CachePath(), t), "");
   internal::ShapeTimings back{};
   ASSERT_EQ(internal::ReadChoiceCache(CachePath(), passing, &back), "");
@@ -173,7 +171,8 @@ TEST_F(ChoiceTest, CacheRoundTripAndReuse) {
   for (ProductShape s : kShapes) {
     Backend best = passing[0];
     for (Backend b : passing)
-      if (back[static_cast<size_t>(s)][static_cast<size_t>(b)] < back[static_cast<size_t>(s)][static_cast<size_t>(best)])
+      if (back[static_cast<size_t>(s)][static_cast<size_t>(b)] <
+          back[static_cast<size_t>(s)][static_cast<size_t>(best)])
         best = b;
     EXPECT_EQ(ActiveChoice().For(s), best) << ProductShapeName(s);
   }
