@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "daisy/detmath.h"
 #include "ops.h"
 
 namespace daisy {
@@ -153,11 +154,18 @@ void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* ac
     const bool silu = k.s->activation == Activation::kSilu;
     const float* g = k.hb + static_cast<size_t>(i) * k.gu;
     float* a = k.act + static_cast<size_t>(i) * ffn;
+    if (silu) {
+      // ops::Silu(x) = x / (1 + Exp(-x)) with the exps of the chunk taken at once (ExpN:
+      // the same bits, vectorized); the chunk's exps live in `a` until replaced.
+      for (int j = j0; j < j1; ++j) a[j] = -g[j];
+      detmath::ExpN(a + j0, j1 - j0);
+      for (int j = j0; j < j1; ++j) a[j] = g[j] / (1.0f + a[j]);
+    } else {
+      for (int j = j0; j < j1; ++j) a[j] = ops::GeluNew(g[j]);
+    }
     if (k.s->gated_mlp) {
       const float* u = g + ffn;
-      for (int j = j0; j < j1; ++j) a[j] = (silu ? ops::Silu(g[j]) : ops::GeluNew(g[j])) * u[j];
-    } else {
-      for (int j = j0; j < j1; ++j) a[j] = silu ? ops::Silu(g[j]) : ops::GeluNew(g[j]);
+      for (int j = j0; j < j1; ++j) a[j] = a[j] * u[j];
     }
   };
   if (int64_t{n} * s.intermediate < kMinParallel) {
