@@ -99,8 +99,8 @@ std::vector<BackendStatus> BackendReport();
 // The backend each product shape uses. At start-up every backend that passed its gate is
 // timed on one product of each shape (single thread, a fraction of a second) and the fastest
 // is chosen per shape; the timings are cached per CPU model and kernel version in
-// DAISY_HOME/kernels-choice.json (a corrupt or stale file is ignored with a log line and
-// rewritten). DAISY_KERNELS or SetBackend forces one backend for every shape. A backend that
+// DAISY_HOME/kernels-choice-<cpu hash>.json (a corrupt or stale file is ignored with a log
+// line and rewritten). DAISY_KERNELS or SetBackend forces one backend for every shape. A backend that
 // failed its gate is never chosen.
 struct BackendChoice {
   Backend shape[kProductShapes] = {Backend::kScalar, Backend::kScalar, Backend::kScalar};

@@ -3,6 +3,7 @@
 // wrote it. Compiled without ISA flags.
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -30,7 +31,14 @@ std::string ChoiceCachePath() {
     home = std::string(x) + "/daisychain";
   else if (const char* u = std::getenv("HOME"); u && *u)
     home = std::string(u) + "/.config/daisychain";
-  return home.empty() ? "" : home + "/kernels-choice.json";
+  if (home.empty()) return "";
+  // One file per CPU model (FNV-1a of its key), so machines sharing a home (or an emulator
+  // run beside the host) do not overwrite each other's timings.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : CpuModelKey()) h = (h ^ c) * 0x100000001b3ULL;
+  char name[64];
+  std::snprintf(name, sizeof name, "/kernels-choice-%016llx.json", static_cast<unsigned long long>(h));
+  return home + name;
 }
 
 std::string ReadChoiceCache(const std::string& path, std::span<const Backend> needed, ShapeTimings* out) {

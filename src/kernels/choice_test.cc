@@ -82,7 +82,11 @@ class ChoiceTest : public ::testing::Test {
     SetAuditRate(1024, 1);
     std::filesystem::remove_all(home_);
   }
-  std::string CachePath() const { return (home_ / "kernels-choice.json").string(); }
+  std::string CachePath() const {
+    const std::string path = internal::ChoiceCachePath();
+    EXPECT_EQ(path.rfind(home_.string() + "/kernels-choice-", 0), 0u) << path;
+    return path;
+  }
   // Timings that make `fast` the fastest backend for every shape by far.
   static internal::ShapeTimings FastestIs(Backend fast) {
     internal::ShapeTimings t{};

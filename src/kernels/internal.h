@@ -68,8 +68,8 @@ constexpr int kKernelVersion = 1;
 // A stable description of this CPU (x86: vendor, family/model/stepping and brand string;
 // arm64: MIDR where readable): cached timings are valid only on the same model.
 std::string CpuModelKey();
-// DAISY_HOME/kernels-choice.json (DAISY_HOME, else $XDG_CONFIG_HOME/daisychain, else
-// ~/.config/daisychain; "" when none of them is set).
+// DAISY_HOME/kernels-choice-<hash of CpuModelKey()>.json (DAISY_HOME, else
+// $XDG_CONFIG_HOME/daisychain, else ~/.config/daisychain; "" when none of them is set).
 std::string ChoiceCachePath();
 // Reads the timings cached for this CPU and kernel version. Returns "" and fills `out` when
 // the file is valid and covers every backend of `needed`; else why it is not used.
