@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "daisy/detmath.h"
 #include "ops.h"
 
 namespace daisy {
@@ -91,9 +92,9 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
       const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, nk, hd,
                                   static_cast<size_t>(hd)};
       kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kview, scores.data(),
-                       static_cast<size_t>(nk));
+                       static_cast<size_t>(nk), kernels::ProductShape::kAttention);
       kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
-                       static_cast<size_t>(nk));
+                       static_cast<size_t>(nk), kernels::ProductShape::kAttention);
       // softmax over the visible keys in f32, in key order; fold V's scales into p
       const float* vscale = cache.v_scale.data() + kbase;
       for (int r = 0; r < rows; ++r) {
@@ -118,7 +119,8 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
                               hd,
                               nk,
                               static_cast<size_t>(ctx)};
-      kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(), static_cast<size_t>(hd));
+      kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(), static_cast<size_t>(hd),
+                       kernels::ProductShape::kAttention);
       for (int i = 0; i < bn; ++i)
         for (int j = 0; j < group; ++j)
           std::memcpy(att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>(g * group + j) * hd,
@@ -126,6 +128,51 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
     }
   }
   return Status::Ok();
+}
+
+// The MLP's activation for n rows: act (n, ffn) = silu(gate) * up (gated) or act(gate),
+// from hb (n, gu) holding gate then up per row. Elementwise, so the rows are spread over the
+// kernels' pool (exp / tanh took a quarter of a serial prefill); each element's bits are
+// the same whichever thread computes it.
+void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* act) {
+  struct Task {
+    const ModelSpec* s;
+    const float* hb;
+    int gu, n;
+    float* act;
+  } task{&s, hb, gu, n, act};
+  // Tasks of up to kColumns elements of one row. A decode row (a few thousand elements,
+  // tens of microseconds) stays on the caller: waking the pool costs more than it saves.
+  constexpr int kColumns = 1024;
+  constexpr int64_t kMinParallel = 32768;
+  const int chunks = (s.intermediate + kColumns - 1) / kColumns;
+  void (*fn)(void*, int) = [](void* ctx, int t) {
+    const Task& k = *static_cast<const Task*>(ctx);
+    const int ffn = k.s->intermediate;
+    const int chunks = (ffn + kColumns - 1) / kColumns;
+    const int i = t / chunks, j0 = (t % chunks) * kColumns, j1 = std::min(ffn, j0 + kColumns);
+    const bool silu = k.s->activation == Activation::kSilu;
+    const float* g = k.hb + static_cast<size_t>(i) * k.gu;
+    float* a = k.act + static_cast<size_t>(i) * ffn;
+    if (silu) {
+      // ops::Silu(x) = x / (1 + Exp(-x)) with the exps of the chunk taken at once (ExpN:
+      // the same bits, vectorized); the chunk's exps live in `a` until replaced.
+      for (int j = j0; j < j1; ++j) a[j] = -g[j];
+      detmath::ExpN(a + j0, j1 - j0);
+      for (int j = j0; j < j1; ++j) a[j] = g[j] / (1.0f + a[j]);
+    } else {
+      for (int j = j0; j < j1; ++j) a[j] = ops::GeluNew(g[j]);
+    }
+    if (k.s->gated_mlp) {
+      const float* u = g + ffn;
+      for (int j = j0; j < j1; ++j) a[j] = a[j] * u[j];
+    }
+  };
+  if (int64_t{n} * s.intermediate < kMinParallel) {
+    for (int t = 0; t < n * chunks; ++t) fn(&task, t);
+  } else {
+    kernels::ParallelFor(n * chunks, fn, &task);
+  }
 }
 
 // One transformer block over the batch, in place.
@@ -141,10 +188,13 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   const auto& pos = h.positions;
   float* x = h.values.data();
 
-  std::vector<float> xb(static_cast<size_t>(n) * dim);
-  std::vector<float> qkv(static_cast<size_t>(n) * qkv_dim);
-  std::vector<float> att(static_cast<size_t>(n) * q_dim);
-  std::vector<float> o(static_cast<size_t>(n) * dim);
+  // Scratch reused across layers and tokens (per thread): no allocation per decoded token.
+  // Every element is written before it is read.
+  thread_local std::vector<float> xb, qkv, att, o, hb, act;
+  xb.resize(static_cast<size_t>(n) * dim);
+  qkv.resize(static_cast<size_t>(n) * qkv_dim);
+  att.resize(static_cast<size_t>(n) * q_dim);
+  o.resize(static_cast<size_t>(n) * dim);
 
   // attention norm
   for (int i = 0; i < n; ++i)
@@ -198,22 +248,12 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     Norm(s, x + static_cast<size_t>(i) * dim, lw.mlp_norm, lw.mlp_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
-  std::vector<float> hb(static_cast<size_t>(n) * gu);
+  hb.resize(static_cast<size_t>(n) * gu);
   if (!kernels::MatMul(xb.data(), n, lw.gate_up.View(), hb.data()))
     return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
   // SwiGLU: silu(gate) * up | GELU (tanh approximation)
-  std::vector<float> act(static_cast<size_t>(n) * ffn);
-  for (int i = 0; i < n; ++i) {
-    const float* g = &hb[static_cast<size_t>(i) * gu];
-    float* a = &act[static_cast<size_t>(i) * ffn];
-    if (s.gated_mlp) {
-      const float* u = g + ffn;
-      for (int j = 0; j < ffn; ++j)
-        a[j] = (s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j])) * u[j];
-    } else {
-      for (int j = 0; j < ffn; ++j) a[j] = s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j]);
-    }
-  }
+  act.resize(static_cast<size_t>(n) * ffn);
+  MlpActivation(s, hb.data(), gu, n, act.data());
   // down projection
   if (!kernels::MatMul(act.data(), n, lw.down.View(), o.data()))
     return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
