@@ -2,6 +2,7 @@
 // (see model_maker.h), for tests and benchmarks of shapes the project cannot ship.
 //   make_model --preset tiny-llama-30 --out /tmp/tiny --tokenizer models/stories260K
 //   make_model --preset qwen2.5-0.5b --out /tmp/qwen --shards 2
+//   make_model --preset llama-3.1-8b --out /tmp/llama8b --shards 4 --tokenizer testdata/tokenizers/llama3
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -17,7 +18,7 @@ int main(int argc, char** argv) {
   mm::MakeOptions options;
   bool list = false;
   app.add_option("--preset", preset,
-                 "Model shape: smollm-135m, qwen2.5-0.5b, gpt2-small-test, tiny-llama-30, ref-gpt2, ref-qwen2, "
+                 "Model shape: smollm-135m, qwen2.5-0.5b, llama-3.1-8b, mistral-7b, gpt2-small-test, tiny-llama-30, ref-gpt2, ref-qwen2, "
                  "ref-llama3, ref-mistral (see --list)");
   app.add_option("--out", out, "Output folder (created if missing)");
   app.add_option("--layers", options.n_layers, "Number of layers (default: the preset's)");

@@ -287,8 +287,8 @@ float WeightValue(uint64_t seed, std::string_view name, uint64_t index, float me
 }
 
 std::vector<std::string> PresetNames() {
-  return {"smollm-135m", "qwen2.5-0.5b", "gpt2-small-test", "tiny-llama-30",
-          "ref-gpt2",    "ref-qwen2",    "ref-llama3",      "ref-mistral"};
+  return {"smollm-135m", "qwen2.5-0.5b", "llama-3.1-8b", "mistral-7b",  "gpt2-small-test",
+          "tiny-llama-30", "ref-gpt2",  "ref-qwen2",    "ref-llama3", "ref-mistral"};
 }
 
 namespace {
@@ -313,6 +313,24 @@ std::optional<ModelShape> FindPreset(std::string_view name) {
     s.vocab = 151936, s.max_positions = 32768, s.rope_theta = 1000000.0, s.norm_eps = 1e-6;
     s.qkv_bias = true;
     s.bos_id = 151643, s.eos_ids = {151643};
+  } else if (name == "llama-3.1-8b") {
+    // meta-llama/Llama-3.1-8B's config.json: 8.03 B parameters, 16 GB in BF16.
+    s.architecture = "LlamaForCausalLM";
+    s.model_type = "llama";
+    s.hidden = 4096, s.intermediate = 14336, s.n_layers = 32, s.n_heads = 32, s.n_kv_heads = 8, s.head_dim = 128;
+    s.vocab = 128256, s.max_positions = 131072, s.rope_theta = 500000.0, s.norm_eps = 1e-5;
+    s.tied = false;
+    s.bos_id = 128000, s.eos_ids = {128001, 128008, 128009};
+    s.llama3_factor = 8.0, s.llama3_low_freq_factor = 1.0, s.llama3_high_freq_factor = 4.0;
+    s.llama3_original_max_positions = 8192;
+  } else if (name == "mistral-7b") {
+    // mistralai/Mistral-7B-v0.1's config.json (../shared/configs): 7.24 B parameters.
+    s.architecture = "MistralForCausalLM";
+    s.model_type = "mistral";
+    s.hidden = 4096, s.intermediate = 14336, s.n_layers = 32, s.n_heads = 32, s.n_kv_heads = 8, s.head_dim = 128;
+    s.vocab = 32000, s.max_positions = 32768, s.rope_theta = 10000.0, s.norm_eps = 1e-5;
+    s.tied = false, s.sliding_window = 4096;
+    s.bos_id = 1, s.eos_ids = {2};
   } else if (name == "gpt2-small-test") {
     s.architecture = "GPT2LMHeadModel";
     s.model_type = "gpt2";
