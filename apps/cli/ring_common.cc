@@ -58,6 +58,7 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
                           {"finish_reason", r.finish_reason},
                           {"plan", plan},
                           {"tokens_per_s", r.tokens_per_s},
+                          {"ready_seconds", r.ready_seconds},
                           {"prefill_seconds", r.prefill_seconds},
                           {"decode_seconds", r.decode_seconds},
                           {"ring_hops", r.ring_hops},

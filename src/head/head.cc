@@ -896,6 +896,7 @@ struct HeadSession::Impl {
       if (r.on_status) r.on_status(line);
     };
     const ModelSpec& spec = info->spec;
+    const auto turn_start = Clock::now();
     DAISY_ASSIGN_OR_RETURN(Planned planned, PlanNow(attempt, r.stages, r.verify));
     for (const auto& n : planned.view.notes) say("plan: " + n);
     report.plan = planned.view.stages;
@@ -1048,6 +1049,7 @@ struct HeadSession::Impl {
       }
     }
     if (stages.size() > 1) say("all stages ready");
+    report.ready_seconds = Since(turn_start);
     // Links that broke before the laps are not the laps' fault: a handshake refused while a
     // stage had not yet heard of this head was retried by Send, and the assignment got there.
     (void)ep->TakeDropped();
