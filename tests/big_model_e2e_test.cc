@@ -74,23 +74,26 @@ class BigModelTest : public ::testing::Test {
   // serve (rendezvous only) and three nodes with `budget`; `flip_env` makes node-1 a liar
   // (the test-only daisychain_faulty binary).
   void StartRing(const std::string& budget, const std::string& flip_env = "") {
-    serve_ = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--no-compute", "--name", "serve"},
-                         Env("serve"), (tmp_ / "serve.log").string());
+    serve_ = Proc::Spawn(
+        {e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--no-compute", "--name", "serve"},
+        Env("serve"), (tmp_ / "serve.log").string());
     for (int i = 1; i <= 3; ++i) {
       const std::string name = "node-" + std::to_string(i);
       auto env = Env(name);
       const bool liar = i == 1 && !flip_env.empty();
       if (liar) env.push_back(flip_env);
-      procs_.push_back(Proc::Spawn({liar ? e2e::FaultyBin() : e2e::Bin(), "node", "--join", Join(), "--name", name, "--max-memory", budget},
-                                   env, (tmp_ / (name + ".log")).string()));
+      procs_.push_back(Proc::Spawn(
+          {liar ? e2e::FaultyBin() : e2e::Bin(), "node", "--join", Join(), "--name", name, "--max-memory", budget}, env,
+          (tmp_ / (name + ".log")).string()));
     }
   }
   // `run --json` over 4 stages (the head and the three nodes); the exit code and the object.
   std::pair<int, nlohmann::json> Run(const std::string& budget) {
     const std::string log = (tmp_ / "run.log").string();
-    Proc p = Proc::Spawn({e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", "acme/big", "--prompt",
-                          "Once upon a time", "-n", "12", "--ctx", std::to_string(kCtx), "--stages", "4", "--max-memory", budget,
-                          "--verify"},
+    Proc p = Proc::Spawn({e2e::Bin(),         "run",  "--join",       Join(),     "--json",
+                          "--name",           "head", "--model",      "acme/big", "--prompt",
+                          "Once upon a time", "-n",   "12",           "--ctx",    std::to_string(kCtx),
+                          "--stages",         "4",    "--max-memory", budget,     "--verify"},
                          Env("head"), log);
     const int rc = p.Wait(120);
     run_log_ = e2e::ReadAll(log);
@@ -143,9 +146,10 @@ TEST_F(BigModelTest, ThreeNodesHoldWhatNoDeviceCanAndVerifyRunsStageByStage) {
   EXPECT_GT(j["verify_peak_rss_bytes"].get<uint64_t>(), 0u);
   EXPECT_LE(j["verify_peak_rss_bytes"].get<uint64_t>(), kBudget);
   // The same ids as one device holding everything (no budget).
-  auto gen = e2e::RunCli("DAISY_HOME=" + (tmp_ / "gen").string(),
-                         "generate --model " + (repos_ / "acme/big").string() + " --prompt 'Once upon a time' -n 12 --ctx 256 --json",
-                         tmp_.string());
+  auto gen = e2e::RunCli(
+      "DAISY_HOME=" + (tmp_ / "gen").string(),
+      "generate --model " + (repos_ / "acme/big").string() + " --prompt 'Once upon a time' -n 12 --ctx 256 --json",
+      tmp_.string());
   ASSERT_EQ(gen.exit_code, 0) << gen.err;
   EXPECT_EQ(j["ids"], nlohmann::json::parse(gen.out)["ids"]);
 }

@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   mm::MakeOptions options;
   bool list = false;
   app.add_option("--preset", preset,
-                 "Model shape: smollm-135m, qwen2.5-0.5b, llama-3.1-8b, mistral-7b, gpt2-small-test, tiny-llama-30, ref-gpt2, ref-qwen2, "
+                 "Model shape: smollm-135m, qwen2.5-0.5b, llama-3.1-8b, mistral-7b, gpt2-small-test, tiny-llama-30, "
+                 "ref-gpt2, ref-qwen2, "
                  "ref-llama3, ref-mistral (see --list)");
   app.add_option("--out", out, "Output folder (created if missing)");
   app.add_option("--layers", options.n_layers, "Number of layers (default: the preset's)");

@@ -287,8 +287,8 @@ float WeightValue(uint64_t seed, std::string_view name, uint64_t index, float me
 }
 
 std::vector<std::string> PresetNames() {
-  return {"smollm-135m", "qwen2.5-0.5b", "llama-3.1-8b", "mistral-7b",  "gpt2-small-test",
-          "tiny-llama-30", "ref-gpt2",  "ref-qwen2",    "ref-llama3", "ref-mistral"};
+  return {"smollm-135m",   "qwen2.5-0.5b", "llama-3.1-8b", "mistral-7b", "gpt2-small-test",
+          "tiny-llama-30", "ref-gpt2",     "ref-qwen2",    "ref-llama3", "ref-mistral"};
 }
 
 namespace {

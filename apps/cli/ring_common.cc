@@ -36,8 +36,8 @@ Result<std::optional<uint64_t>> ParseMaxMemory(const std::string& text) {
   auto bytes = ParseMemorySize(text);
   if (!bytes.ok()) return InvalidArgument("--max-memory: " + bytes.status().message());
   if (const uint64_t avail = AvailableMemoryBytes(); avail > 0 && *bytes > avail)
-    std::fprintf(stderr, "warning: --max-memory %s is more than the %s this machine reports as available now\n", text.c_str(),
-                 FormatBytes(avail).c_str());
+    std::fprintf(stderr, "warning: --max-memory %s is more than the %s this machine reports as available now\n",
+                 text.c_str(), FormatBytes(avail).c_str());
   return std::optional<uint64_t>(*bytes);
 }
 
@@ -95,7 +95,8 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
     const auto& s = r.plan[i];
     if (s.peak_rss_bytes == 0) continue;
     std::printf("stage %zu (%s): peak memory %s of a %s budget (the plan counted %s)\n", i, s.device_name.c_str(),
-                FormatBytes(s.peak_rss_bytes).c_str(), FormatBytes(s.budget_bytes).c_str(), FormatBytes(s.need_bytes).c_str());
+                FormatBytes(s.peak_rss_bytes).c_str(), FormatBytes(s.budget_bytes).c_str(),
+                FormatBytes(s.need_bytes).c_str());
   }
   if (verify && !r.verify_mode.empty())
     std::printf("verify (%s): %.1f s%s\n", r.verify_mode.c_str(), r.verify_seconds,

@@ -53,7 +53,7 @@ struct HeadReport {
   std::string text;
   std::string finish_reason;
   std::vector<HeadStageReport> plan;
-  double ready_seconds = 0;     // from planning until every stage held its layers (loads included)
+  double ready_seconds = 0;  // from planning until every stage held its layers (loads included)
   double prefill_seconds = 0;
   double decode_seconds = 0;
   double tokens_per_s = 0;      // decode

@@ -37,7 +37,7 @@ enum class Tag : int32_t {
   kHopReceipt = -36,
 };
 
-inline constexpr uint16_t kProtocolVersion = 5;  // 5: peak RSS in ready and stage_stats; 4: BLAKE2b audit digests
+inline constexpr uint16_t kProtocolVersion = 5;     // 5: peak RSS in ready and stage_stats; 4: BLAKE2b audit digests
 inline constexpr size_t kMaxString = 1024;          // any string field
 inline constexpr size_t kMaxStages = 256;
 inline constexpr size_t kMaxFrameBytes = 256u << 20; // an activation of a long prefill chunk fits

@@ -106,7 +106,6 @@ TEST(LocalSource, AFifoNamedLikeAModelFileIsRefusedAtOnce) {
   std::filesystem::remove_all(dir);
 }
 
-
 TEST(Memory, SizesAsPeopleWriteThem) {
   EXPECT_EQ(*ParseMemorySize("512M"), 512ull << 20);
   EXPECT_EQ(*ParseMemorySize("4G"), 4ull << 30);
@@ -119,7 +118,8 @@ TEST(Memory, SizesAsPeopleWriteThem) {
   for (const char* bad : {"", "G", "-4G", "4X", "1.2.3G", "0", "0.1", "4 G B", "99999999T", "abc"}) {
     auto r = ParseMemorySize(bad);
     ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_NE(r.status().message().find(std::string(1, 0x27) + bad + std::string(1, 0x27)), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(std::string(1, 0x27) + bad + std::string(1, 0x27)), std::string::npos)
+        << r.status().message();
   }
   EXPECT_EQ(FormatBytes(3ull << 29), "1.50 GiB");
   EXPECT_EQ(FormatBytes(512ull << 20), "512.0 MiB");

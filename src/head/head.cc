@@ -1,19 +1,19 @@
 // The head: plan, assign, ready, laps, tokens, done, replay, verify.
 #include "daisy/head.h"
 
+#include <sodium.h>
+#include <xxhash.h>
+
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <random>
 #include <set>
 #include <thread>
-
-#include <sodium.h>
-#include <xxhash.h>
 
 #include "daisy/forward.h"
 #include "daisy/log.h"
@@ -756,7 +756,8 @@ struct HeadSession::Impl {
     }
     const PlanModel pm = PlanModelOf(*mi, c);
     if (verify) {
-      po.head_reserve_bytes = pm.layer_bytes + 2ull * static_cast<uint64_t>(c) * static_cast<uint64_t>(spec.hidden) * sizeof(float);
+      po.head_reserve_bytes =
+          pm.layer_bytes + 2ull * static_cast<uint64_t>(c) * static_cast<uint64_t>(spec.hidden) * sizeof(float);
       po.head_reserve_per_layer = pm.layer_bytes - PlanModelOf(*mi, 0).layer_bytes;
     }
     DAISY_ASSIGN_OR_RETURN(Plan plan, MakePlan(pm, devices, po));
@@ -1201,8 +1202,9 @@ struct HeadSession::Impl {
       return VerifyWhole(report, gen);
     }
     report.verify_mode = "stage by stage";
-    say("verifying stage by stage: the whole model (" + FormatBytes(whole) + ") does not fit this device's memory budget (" +
-        FormatBytes(budget) + ", " + FormatBytes(HeldNow()) + " held now), so the turn is re-run one slice of layers at a time");
+    say("verifying stage by stage: the whole model (" + FormatBytes(whole) +
+        ") does not fit this device's memory budget (" + FormatBytes(budget) + ", " + FormatBytes(HeldNow()) +
+        " held now), so the turn is re-run one slice of layers at a time");
     return VerifyByStages(report, gen, say);
   }
 
@@ -1227,17 +1229,19 @@ struct HeadSession::Impl {
   // (the single-device run chose another token) ends the run as diverged.
   class ReplayLink final : public StageLink {
    public:
-    ReplayLink(const std::vector<float>& in, const std::vector<float>& out, int hidden) : in_(in), out_(out), hidden_(hidden) {}
+    ReplayLink(const std::vector<float>& in, const std::vector<float>& out, int hidden)
+        : in_(in), out_(out), hidden_(hidden) {}
     Result<HiddenStates> Run(HiddenStates h) override {
       const size_t row = static_cast<size_t>(hidden_);
       const size_t at = static_cast<size_t>(h.positions.front()) * row;
       if (at + h.values.size() > in_.size() ||
           std::memcmp(in_.data() + at, h.values.data(), h.values.size() * sizeof(float)) != 0) {
         diverged_ = true;
-        return DataLoss("the single-device run left the ring's token sequence at position " + std::to_string(h.positions.front()));
+        return DataLoss("the single-device run left the ring's token sequence at position " +
+                        std::to_string(h.positions.front()));
       }
-      std::copy(out_.begin() + static_cast<std::ptrdiff_t>(at), out_.begin() + static_cast<std::ptrdiff_t>(at + h.values.size()),
-                h.values.begin());
+      std::copy(out_.begin() + static_cast<std::ptrdiff_t>(at),
+                out_.begin() + static_cast<std::ptrdiff_t>(at + h.values.size()), h.values.begin());
       return h;
     }
     bool diverged() const { return diverged_; }
@@ -1271,9 +1275,12 @@ struct HeadSession::Impl {
     const uint64_t budget = hello.free_memory;
     if (pm.layer_bytes > 0 && fixed + pm.layer_bytes > budget)
       return ResourceExhausted("stage-by-stage Verify needs " + FormatBytes(fixed + pm.layer_bytes) +
-                               " for one layer beside what this device holds (" + FormatBytes(HeldNow()) + ") and the turn's hidden states (" +
-                               FormatBytes(states) + "), but its memory budget is " + FormatBytes(budget) + "; nothing was fetched");
-    const int per_slice = pm.layer_bytes > 0 ? static_cast<int>(std::min<uint64_t>((budget - fixed) / pm.layer_bytes, spec.n_layers)) : spec.n_layers;
+                               " for one layer beside what this device holds (" + FormatBytes(HeldNow()) +
+                               ") and the turn's hidden states (" + FormatBytes(states) +
+                               "), but its memory budget is " + FormatBytes(budget) + "; nothing was fetched");
+    const int per_slice = pm.layer_bytes > 0
+                              ? static_cast<int>(std::min<uint64_t>((budget - fixed) / pm.layer_bytes, spec.n_layers))
+                              : spec.n_layers;
     std::vector<std::pair<int, int>> slices;
     for (size_t i = 1; i < report.plan.size(); ++i)
       for (int a = report.plan[i].first; a < report.plan[i].end; a += per_slice)
@@ -1290,8 +1297,8 @@ struct HeadSession::Impl {
     const std::vector<float> first_rows = h.values;
     for (size_t k = 0; k < slices.size(); ++k) {
       const auto [a, b] = slices[k];
-      say("verifying: layers [" + std::to_string(a) + ", " + std::to_string(b) + ") (slice " + std::to_string(k + 1) + " of " +
-          std::to_string(slices.size()) + ") over " + std::to_string(n) + " positions");
+      say("verifying: layers [" + std::to_string(a) + ", " + std::to_string(b) + ") (slice " + std::to_string(k + 1) +
+          " of " + std::to_string(slices.size()) + ") over " + std::to_string(n) + " positions");
       DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*source, *info, a, b, false));
       KvCache kv(spec, a, b, n);
       DAISY_RETURN_IF_ERROR(RunLayers(w, a, b, h, kv));
@@ -1306,7 +1313,8 @@ struct HeadSession::Impl {
     std::vector<StepDigest> single_steps;
     DigestSteps(single_gen, single_steps);
     std::vector<int32_t> single_ids;
-    auto single = g.Generate(report.prompt_ids, single_gen, [&](int32_t id, std::span<const float>) { single_ids.push_back(id); });
+    auto single = g.Generate(report.prompt_ids, single_gen,
+                             [&](int32_t id, std::span<const float>) { single_ids.push_back(id); });
     if (!single.ok() && !replay.diverged()) return single.status();
     Compare(report, report.ids, ring_steps, single_ids, single_steps);
     return Status::Ok();

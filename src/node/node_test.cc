@@ -1,5 +1,7 @@
 // A ring member in this process (RunNode on a thread) driven by a hand-written head over
 // real sockets on 127.0.0.1: assignment, ready, hops, and the hops it must refuse.
+#include "daisy/node.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,10 +10,9 @@
 #include <thread>
 
 #include "daisy/forward.h"
+#include "daisy/memory.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
-#include "daisy/memory.h"
-#include "daisy/node.h"
 
 namespace daisy {
 namespace {
@@ -159,8 +160,11 @@ TEST_F(NodeBudgetTest, RefusesAnAssignmentItCannotHoldBeforeFetchingAndTakesOneT
   std::string error;
   ASSERT_TRUE(head_->Send(node_.address, wire::Message(MakeAssignment())).ok());  // layers [2, 5)
   EXPECT_FALSE(Await<wire::Ready>(*head_, 3000, &error).has_value());
-  EXPECT_NE(error.find("layers [2, 5) of " + source_->ModelId() + " at context 64 need " + FormatBytes(need3_)), std::string::npos) << error;
-  EXPECT_NE(error.find("this device's memory budget is " + FormatBytes(need3_ - 1) + ": refused before any download"), std::string::npos)
+  EXPECT_NE(error.find("layers [2, 5) of " + source_->ModelId() + " at context 64 need " + FormatBytes(need3_)),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("this device's memory budget is " + FormatBytes(need3_ - 1) + ": refused before any download"),
+            std::string::npos)
       << error;
   wire::Assignment two = MakeAssignment();
   two.stages = {{head_id_, head_->address(), 0, 3}, {node_.hello.device_id, node_.address, 3, 5}};

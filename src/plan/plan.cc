@@ -108,17 +108,18 @@ Status Shortfall(const PlanModel& model, const std::vector<DeviceReport>& device
     const int cap = std::max(0, max_layers(devices[i], i == 0));
     room += cap;
     budgets += devices[i].free_memory;
-    each += (i ? ", " : "") + devices[i].name + " " + FormatBytes(devices[i].free_memory) + " (room for " + std::to_string(cap) +
-            (cap == 1 ? " layer)" : " layers)");
+    each += (i ? ", " : "") + devices[i].name + " " + FormatBytes(devices[i].free_memory) + " (room for " +
+            std::to_string(cap) + (cap == 1 ? " layer)" : " layers)");
   }
   const int missing = model.n_layers - room;
   const uint64_t short_by = need > budgets ? need - budgets : static_cast<uint64_t>(missing) * model.layer_bytes;
-  return InvalidArgument("the model does not fit in the devices' memory budgets: it needs " + FormatBytes(need) + " over " +
-                         std::to_string(devices.size()) + " device(s) (" + std::to_string(model.n_layers) + " layers of " +
-                         FormatBytes(model.layer_bytes) + " with their KV cache, the head's tensors " +
+  return InvalidArgument("the model does not fit in the devices' memory budgets: it needs " + FormatBytes(need) +
+                         " over " + std::to_string(devices.size()) + " device(s) (" + std::to_string(model.n_layers) +
+                         " layers of " + FormatBytes(model.layer_bytes) + " with their KV cache, the head's tensors " +
                          FormatBytes(model.head_bytes) + ", " + FormatBytes(model.working_bytes) +
-                         " of working memory per device) but the budgets add up to " + FormatBytes(budgets) + " [" + each +
-                         "]: short by " + FormatBytes(short_by) + ", " + std::to_string(missing) + " layer(s) without a place; "
+                         " of working memory per device) but the budgets add up to " + FormatBytes(budgets) + " [" +
+                         each + "]: short by " + FormatBytes(short_by) + ", " + std::to_string(missing) +
+                         " layer(s) without a place; "
                          "stopping before any download (add a device, raise --max-memory, or use a smaller --ctx)");
 }
 
@@ -149,15 +150,17 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
     if (d.free_memory < extra) return is_head ? -1 : 0;
     const uint64_t per_layer = model.layer_bytes + (is_head ? options.head_reserve_per_layer : 0);
     if (per_layer == 0) return model.n_layers;
-    return static_cast<int>(std::min<uint64_t>((d.free_memory - extra) / per_layer, static_cast<uint64_t>(model.n_layers)));
+    return static_cast<int>(
+        std::min<uint64_t>((d.free_memory - extra) / per_layer, static_cast<uint64_t>(model.n_layers)));
   };
   if (max_layers(head, true) < 0)
-    return InvalidArgument("the head (" + head.name + ") has a memory budget of " + FormatBytes(head.free_memory) +
-                           " but needs " + FormatBytes(model.Need(0, true) + options.head_reserve_bytes) +
-                           " before any layer (embedding, LM head, " + FormatBytes(model.working_bytes) + " of working memory" +
-                           (options.head_reserve_bytes ? ", " + FormatBytes(options.head_reserve_bytes) + " for Verify" : std::string()) +
-                           "): short by " + FormatBytes(model.Need(0, true) + options.head_reserve_bytes - head.free_memory) +
-                           "; stopping before any download (raise its --max-memory or use a smaller model)");
+    return InvalidArgument(
+        "the head (" + head.name + ") has a memory budget of " + FormatBytes(head.free_memory) + " but needs " +
+        FormatBytes(model.Need(0, true) + options.head_reserve_bytes) + " before any layer (embedding, LM head, " +
+        FormatBytes(model.working_bytes) + " of working memory" +
+        (options.head_reserve_bytes ? ", " + FormatBytes(options.head_reserve_bytes) + " for Verify" : std::string()) +
+        "): short by " + FormatBytes(model.Need(0, true) + options.head_reserve_bytes - head.free_memory) +
+        "; stopping before any download (raise its --max-memory or use a smaller model)");
 
   std::vector<int> counts;
   if (options.layer_counts) {
@@ -177,9 +180,10 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
     eligible.resize(counts.size());
     for (size_t i = 0; i < counts.size(); ++i)
       if (counts[i] > max_layers(eligible[i], i == 0))
-        return InvalidArgument("--plan gives " + std::to_string(counts[i]) + " layers to " + eligible[i].name + ", which need " +
-                               FormatBytes(model.Need(counts[i], i == 0)) + " but its memory budget is " +
-                               FormatBytes(eligible[i].free_memory) + "; stopping before any download");
+        return InvalidArgument("--plan gives " + std::to_string(counts[i]) + " layers to " + eligible[i].name +
+                               ", which need " + FormatBytes(model.Need(counts[i], i == 0)) +
+                               " but its memory budget is " + FormatBytes(eligible[i].free_memory) +
+                               "; stopping before any download");
   } else {
     size_t n = eligible.size();
     if (options.stages) {

@@ -120,8 +120,10 @@ TEST(Plan, SpecSizesGrowWithTheModelAndTheContext) {
 TEST(Plan, BudgetsCapEveryDeviceCountingWorkingMemory) {
   constexpr uint64_t kMB = 1000000;
   PlanModel m{12, 100 * kMB, 300 * kMB, 1.0, 100 * kMB};
-  const std::vector<DeviceReport> devices = {Dev("head", 10, 700 * kMB), Dev("a", 10, 700 * kMB), Dev("b", 10, 700 * kMB)};
-  for (const auto& d : devices) EXPECT_LT(d.free_memory, m.Need(m.n_layers, false)) << "no device holds the model alone";
+  const std::vector<DeviceReport> devices = {Dev("head", 10, 700 * kMB), Dev("a", 10, 700 * kMB),
+                                             Dev("b", 10, 700 * kMB)};
+  for (const auto& d : devices)
+    EXPECT_LT(d.free_memory, m.Need(m.n_layers, false)) << "no device holds the model alone";
   auto p = MakePlan(m, devices, {});
   ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_EQ(Counts(*p), std::vector<int>({3, 5, 4}));  // shares of 4 each; the head's budget caps it at 3
@@ -147,18 +149,24 @@ TEST(Plan, NoPlanFitsTheBudgetsNamesTheShortfall) {
   // The same with --stages and --plan.
   PlanOptions o;
   o.stages = 3;
-  EXPECT_NE(MakePlan(m, {Dev("head", 10, 700 * kMB), Dev("a", 10, 500 * kMB), Dev("b", 10, 500 * kMB)}, o).status().message().find("short by"),
+  EXPECT_NE(MakePlan(m, {Dev("head", 10, 700 * kMB), Dev("a", 10, 500 * kMB), Dev("b", 10, 500 * kMB)}, o)
+                .status()
+                .message()
+                .find("short by"),
             std::string::npos);
   o.stages.reset();
   o.layer_counts = std::vector<int>{3, 5, 4};
   auto q = MakePlan(m, {Dev("head", 10, 700 * kMB), Dev("a", 10, 500 * kMB), Dev("b", 10, 500 * kMB)}, o);
   ASSERT_FALSE(q.ok());
-  EXPECT_NE(q.status().message().find("--plan gives 5 layers to dev-a, which need 572.2 MiB but its memory budget is 476.8 MiB"),
-            std::string::npos) << q.status().message();
+  EXPECT_NE(q.status().message().find(
+                "--plan gives 5 layers to dev-a, which need 572.2 MiB but its memory budget is 476.8 MiB"),
+            std::string::npos)
+      << q.status().message();
   // A head that cannot hold even its own tensors.
   auto h = MakePlan(m, {Dev("head", 10, 350 * kMB), Dev("a", 10, kGB)}, {});
   ASSERT_FALSE(h.ok());
-  EXPECT_NE(h.status().message().find("memory budget of 333.8 MiB but needs 381.5 MiB before any layer"), std::string::npos)
+  EXPECT_NE(h.status().message().find("memory budget of 333.8 MiB but needs 381.5 MiB before any layer"),
+            std::string::npos)
       << h.status().message();
 }
 
