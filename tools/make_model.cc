@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "Output folder (created if missing)");
   app.add_option("--layers", options.n_layers, "Number of layers (default: the preset's)");
   app.add_option("--seed", options.seed, "Weight seed (same seed, same bytes)")->capture_default_str();
-  app.add_option("--dtype", dtype, "Weight dtype: bf16 or f32")->capture_default_str();
+  app.add_option("--dtype", dtype, "Weight dtype: bf16, f16 or f32")->capture_default_str();
   app.add_option("--shards", options.n_shards, "Number of safetensors files (> 1 writes an index)")
       ->capture_default_str();
   app.add_option("--tokenizer", options.tokenizer_dir, "Folder whose tokenizer.json (and friends) to copy");
@@ -49,8 +49,10 @@ int main(int argc, char** argv) {
     options.dtype = mm::WeightDType::kBF16;
   } else if (dtype == "f32") {
     options.dtype = mm::WeightDType::kF32;
+  } else if (dtype == "f16") {
+    options.dtype = mm::WeightDType::kF16;
   } else {
-    std::fprintf(stderr, "make_model: --dtype must be bf16 or f32, got '%s'\n", dtype.c_str());
+    std::fprintf(stderr, "make_model: --dtype must be bf16, f16 or f32, got '%s'\n", dtype.c_str());
     return 2;
   }
   if (vocab == "tokenizer") {

@@ -62,7 +62,7 @@ std::optional<ModelShape> FindPreset(std::string_view name);
 // For names fixed in code; an unknown name is a bug (user input goes through FindPreset).
 ModelShape PresetShape(std::string_view name);
 
-enum class WeightDType : uint8_t { kBF16, kF32 };
+enum class WeightDType : uint8_t { kBF16, kF32, kF16 };
 
 struct MakeOptions {
   uint64_t seed = 1;

@@ -310,6 +310,34 @@ TEST(ModelMakerTest, Bf16AndShardedFoldersHoldTheSameValues) {
   }
 }
 
+// F16 is the F32 value rounded to nearest even at half precision, subnormals included: each
+// read-back value is the half nearest the F32 one (no other half is closer).
+TEST(ModelMakerTest, F16FoldersHoldTheNearestHalves) {
+  TempDir f32("f32h"), f16("f16");
+  MakeOptions o;
+  o.n_layers = 1;
+  o.dtype = WeightDType::kF32;
+  ASSERT_OK(MakeModel(PresetShape("gpt2-small-test"), f32.str(), o));
+  o.dtype = WeightDType::kF16;
+  ASSERT_OK(MakeModel(PresetShape("gpt2-small-test"), f16.str(), o));
+  EXPECT_NE(Slurp(f16.path() / "model.safetensors").find("\"dtype\":\"F16\""), std::string::npos);
+  const auto a = ReadAll(f32.str()), h = ReadAll(f16.str());
+  ASSERT_EQ(a.size(), h.size());
+  int subnormals = 0;
+  for (const auto& [name, va] : a) {
+    const std::vector<float>& vh = h.at(name);
+    ASSERT_EQ(va.size(), vh.size());
+    for (size_t i = 0; i < va.size(); ++i) {
+      const double x = va[i], got = vh[i];
+      if (std::fabs(got) < 6.103515625e-05) ++subnormals;
+      // The neighbours of `got` one half-ulp step away are no closer to x (ties: even).
+      const double ulp = std::ldexp(1.0, std::max(-24, std::ilogb(got == 0 ? 6.103515625e-05 : got) - 10));
+      ASSERT_LE(std::fabs(x - got), ulp / 2) << name << "[" << i << "] " << x << " -> " << got;
+    }
+  }
+  EXPECT_GT(subnormals, 0);  // values near zero took the subnormal path
+}
+
 TEST(ModelMakerTest, CopiesTheTokenizerAndCanTakeItsVocabularySize) {
   TempDir dir("tok");
   MakeOptions o;
@@ -374,7 +402,9 @@ TEST(ModelMakerTest, CliStreamsTensorsWithBoundedMemory) {
   EXPECT_GT(size, 110u << 20);
   EXPECT_LT(static_cast<uint64_t>(rss_kib) * 1024, size / 4) << "peak RSS " << rss_kib << " KiB";
   EXPECT_EQ(RunMakeModel({"--preset", "no-such-model", "--out", dir.str()}).first, 2);
-  EXPECT_EQ(RunMakeModel({"--preset", "tiny-llama-30", "--dtype", "f16", "--out", dir.str()}).first, 2);
+  // An unknown dtype is refused (f16 was, before make_model wrote F16; it is accepted now).
+  EXPECT_EQ(RunMakeModel({"--preset", "tiny-llama-30", "--dtype", "f8", "--out", dir.str()}).first, 2);
+  EXPECT_EQ(RunMakeModel({"--preset", "tiny-llama-30", "--dtype", "f16", "--out", dir.str()}).first, 0);
 }
 
 }  // namespace
