@@ -2,6 +2,7 @@
 // (see model_maker.h), for tests and benchmarks of shapes the project cannot ship.
 //   make_model --preset tiny-llama-30 --out /tmp/tiny --tokenizer models/stories260K
 //   make_model --preset qwen2.5-0.5b --out /tmp/qwen --shards 2
+//   make_model --preset llama-3.1-8b --out /tmp/llama8b --shards 4 --tokenizer testdata/tokenizers/llama3
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -17,12 +18,13 @@ int main(int argc, char** argv) {
   mm::MakeOptions options;
   bool list = false;
   app.add_option("--preset", preset,
-                 "Model shape: smollm-135m, qwen2.5-0.5b, gpt2-small-test, tiny-llama-30, ref-gpt2, ref-qwen2, "
+                 "Model shape: smollm-135m, qwen2.5-0.5b, llama-3.1-8b, mistral-7b, gpt2-small-test, tiny-llama-30, "
+                 "ref-gpt2, ref-qwen2, "
                  "ref-llama3, ref-mistral (see --list)");
   app.add_option("--out", out, "Output folder (created if missing)");
   app.add_option("--layers", options.n_layers, "Number of layers (default: the preset's)");
   app.add_option("--seed", options.seed, "Weight seed (same seed, same bytes)")->capture_default_str();
-  app.add_option("--dtype", dtype, "Weight dtype: bf16 or f32")->capture_default_str();
+  app.add_option("--dtype", dtype, "Weight dtype: bf16, f16 or f32")->capture_default_str();
   app.add_option("--shards", options.n_shards, "Number of safetensors files (> 1 writes an index)")
       ->capture_default_str();
   app.add_option("--tokenizer", options.tokenizer_dir, "Folder whose tokenizer.json (and friends) to copy");
@@ -47,8 +49,10 @@ int main(int argc, char** argv) {
     options.dtype = mm::WeightDType::kBF16;
   } else if (dtype == "f32") {
     options.dtype = mm::WeightDType::kF32;
+  } else if (dtype == "f16") {
+    options.dtype = mm::WeightDType::kF16;
   } else {
-    std::fprintf(stderr, "make_model: --dtype must be bf16 or f32, got '%s'\n", dtype.c_str());
+    std::fprintf(stderr, "make_model: --dtype must be bf16, f16 or f32, got '%s'\n", dtype.c_str());
     return 2;
   }
   if (vocab == "tokenizer") {

@@ -57,8 +57,30 @@ float ValueAt(uint64_t key, uint64_t index, float mean, float std) {
   return static_cast<float>(static_cast<double>(mean) + static_cast<double>(std) * n);
 }
 
-size_t ElementSize(WeightDType d) { return d == WeightDType::kBF16 ? 2 : 4; }
-const char* DTypeString(WeightDType d) { return d == WeightDType::kBF16 ? "BF16" : "F32"; }
+// f32 -> IEEE half bits, round to nearest even, subnormals included (values past 65504
+// become infinity, as a cast does).
+uint16_t ToF16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t mag = x & 0x7fffffffu;
+  if (mag >= 0x7f800000u) return sign | (mag > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  auto round = [](uint32_t v, int shift) {  // v >> shift, to nearest even
+    const uint32_t r = v >> shift, rem = v & ((1u << shift) - 1), half = 1u << (shift - 1);
+    return r + ((rem > half || (rem == half && (r & 1u))) ? 1u : 0u);
+  };
+  if (mag < 0x38800000u) {  // below 2^-14: a subnormal half, m x 2^-24
+    if (mag < 0x33000000u) return sign;  // at most 2^-25: rounds to zero
+    const int e = static_cast<int>(mag >> 23);
+    return sign | static_cast<uint16_t>(round((mag & 0x7fffffu) | 0x800000u, 126 - e));
+  }
+  const uint32_t r = round(mag, 13) - (112u << 10);  // rebias 127 -> 15; a carry may reach infinity
+  return sign | static_cast<uint16_t>(std::min<uint32_t>(r, 0x7c00u));
+}
+
+size_t ElementSize(WeightDType d) { return d == WeightDType::kF32 ? 4 : 2; }
+const char* DTypeString(WeightDType d) {
+  return d == WeightDType::kBF16 ? "BF16" : d == WeightDType::kF16 ? "F16" : "F32";
+}
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -172,8 +194,8 @@ Status WriteSafetensors(const fs::path& path, const std::vector<TensorPlan>& pla
       const uint64_t count = std::min(kChunk, n - start);
       for (uint64_t j = 0; j < count; ++j) {
         const float v = ValueAt(key, start + j, t.mean, t.std);
-        if (options.dtype == WeightDType::kBF16) {
-          const uint16_t h = ToBF16(v);
+        if (options.dtype != WeightDType::kF32) {
+          const uint16_t h = options.dtype == WeightDType::kBF16 ? ToBF16(v) : ToF16(v);
           buf[2 * j] = static_cast<uint8_t>(h);
           buf[2 * j + 1] = static_cast<uint8_t>(h >> 8);
         } else {
@@ -202,7 +224,7 @@ std::string ConfigJson(const ModelShape& s, const MakeOptions& o) {
   j["bos_token_id"] = s.bos_id;
   j["eos_token_id"] = s.eos_ids.size() == 1 ? nlohmann::json(s.eos_ids[0]) : nlohmann::json(s.eos_ids);
   j["tie_word_embeddings"] = s.tied;
-  j["torch_dtype"] = o.dtype == WeightDType::kBF16 ? "bfloat16" : "float32";
+  j["torch_dtype"] = o.dtype == WeightDType::kBF16 ? "bfloat16" : o.dtype == WeightDType::kF16 ? "float16" : "float32";
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
   if (s.naming == Naming::kGpt2) {
@@ -287,8 +309,8 @@ float WeightValue(uint64_t seed, std::string_view name, uint64_t index, float me
 }
 
 std::vector<std::string> PresetNames() {
-  return {"smollm-135m", "qwen2.5-0.5b", "gpt2-small-test", "tiny-llama-30",
-          "ref-gpt2",    "ref-qwen2",    "ref-llama3",      "ref-mistral"};
+  return {"smollm-135m",   "qwen2.5-0.5b", "llama-3.1-8b", "mistral-7b", "gpt2-small-test",
+          "tiny-llama-30", "ref-gpt2",     "ref-qwen2",    "ref-llama3", "ref-mistral"};
 }
 
 namespace {
@@ -313,6 +335,24 @@ std::optional<ModelShape> FindPreset(std::string_view name) {
     s.vocab = 151936, s.max_positions = 32768, s.rope_theta = 1000000.0, s.norm_eps = 1e-6;
     s.qkv_bias = true;
     s.bos_id = 151643, s.eos_ids = {151643};
+  } else if (name == "llama-3.1-8b") {
+    // meta-llama/Llama-3.1-8B's config.json: 8.03 B parameters, 16 GB in BF16.
+    s.architecture = "LlamaForCausalLM";
+    s.model_type = "llama";
+    s.hidden = 4096, s.intermediate = 14336, s.n_layers = 32, s.n_heads = 32, s.n_kv_heads = 8, s.head_dim = 128;
+    s.vocab = 128256, s.max_positions = 131072, s.rope_theta = 500000.0, s.norm_eps = 1e-5;
+    s.tied = false;
+    s.bos_id = 128000, s.eos_ids = {128001, 128008, 128009};
+    s.llama3_factor = 8.0, s.llama3_low_freq_factor = 1.0, s.llama3_high_freq_factor = 4.0;
+    s.llama3_original_max_positions = 8192;
+  } else if (name == "mistral-7b") {
+    // mistralai/Mistral-7B-v0.1's config.json (../shared/configs): 7.24 B parameters.
+    s.architecture = "MistralForCausalLM";
+    s.model_type = "mistral";
+    s.hidden = 4096, s.intermediate = 14336, s.n_layers = 32, s.n_heads = 32, s.n_kv_heads = 8, s.head_dim = 128;
+    s.vocab = 32000, s.max_positions = 32768, s.rope_theta = 10000.0, s.norm_eps = 1e-5;
+    s.tied = false, s.sliding_window = 4096;
+    s.bos_id = 1, s.eos_ids = {2};
   } else if (name == "gpt2-small-test") {
     s.architecture = "GPT2LMHeadModel";
     s.model_type = "gpt2";

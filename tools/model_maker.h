@@ -52,7 +52,8 @@ struct ModelShape {
   float position_std = 0.01f;  // GPT-2 wpe
 };
 
-// Presets: "smollm-135m", "qwen2.5-0.5b", "gpt2-small-test", "tiny-llama-30", and the tiny
+// Presets: "smollm-135m", "qwen2.5-0.5b", "llama-3.1-8b", "mistral-7b" (benchmark shapes:
+// 16 and 14 GB in BF16, written tensor by tensor, never held), "gpt2-small-test", "tiny-llama-30", and the tiny
 // models checked against the float64 reference (tests/reference/): "ref-gpt2", "ref-qwen2"
 // (q/k/v biases, untied head), "ref-llama3" (llama3 rope_scaling), "ref-mistral" (sliding
 // window 8).
@@ -61,7 +62,7 @@ std::optional<ModelShape> FindPreset(std::string_view name);
 // For names fixed in code; an unknown name is a bug (user input goes through FindPreset).
 ModelShape PresetShape(std::string_view name);
 
-enum class WeightDType : uint8_t { kBF16, kF32 };
+enum class WeightDType : uint8_t { kBF16, kF32, kF16 };
 
 struct MakeOptions {
   uint64_t seed = 1;

@@ -94,7 +94,7 @@ TEST_P(PresetTest, ParsesWithTheProjectReaders) {
   const ModelShape shape = PresetShape(GetParam());
   TempDir dir("preset_" + GetParam());
   MakeOptions o;
-  o.n_layers = 2;
+  o.n_layers = shape.hidden >= 4096 ? 1 : 2;  // one 7-8 B layer is already 436 MB of BF16
   if (shape.vocab > 4096) o.vocab = 1000;
   ASSERT_OK(MakeModel(shape, dir.str(), o));
 
@@ -104,7 +104,7 @@ TEST_P(PresetTest, ParsesWithTheProjectReaders) {
   ASSERT_TRUE(info.ok()) << info.status().ToString();
   const ModelSpec& s = info->spec;
   EXPECT_EQ(s.architecture, shape.architecture);
-  EXPECT_EQ(s.n_layers, 2);
+  EXPECT_EQ(s.n_layers, o.n_layers);
   EXPECT_EQ(s.hidden, shape.hidden);
   EXPECT_EQ(s.n_heads, shape.n_heads);
   EXPECT_EQ(s.n_kv_heads, shape.n_kv_heads);
@@ -153,6 +153,8 @@ TEST(ModelMakerTest, FullShapesHaveTheRealParameterCounts) {
   };
   EXPECT_EQ(count("smollm-135m"), 134515008u);   // SmolLM2-135M
   EXPECT_EQ(count("qwen2.5-0.5b"), 494032768u);  // Qwen2.5-0.5B
+  EXPECT_EQ(count("llama-3.1-8b"), 8030261248u);  // Llama-3.1-8B
+  EXPECT_EQ(count("mistral-7b"), 7241732096u);    // Mistral-7B-v0.1
   EXPECT_EQ(PresetShape("tiny-llama-30").n_layers, 30);
   EXPECT_FALSE(FindPreset("llama-70b").has_value());
 }
@@ -308,6 +310,34 @@ TEST(ModelMakerTest, Bf16AndShardedFoldersHoldTheSameValues) {
   }
 }
 
+// F16 is the F32 value rounded to nearest even at half precision, subnormals included: each
+// read-back value is the half nearest the F32 one (no other half is closer).
+TEST(ModelMakerTest, F16FoldersHoldTheNearestHalves) {
+  TempDir f32("f32h"), f16("f16");
+  MakeOptions o;
+  o.n_layers = 1;
+  o.dtype = WeightDType::kF32;
+  ASSERT_OK(MakeModel(PresetShape("gpt2-small-test"), f32.str(), o));
+  o.dtype = WeightDType::kF16;
+  ASSERT_OK(MakeModel(PresetShape("gpt2-small-test"), f16.str(), o));
+  EXPECT_NE(Slurp(f16.path() / "model.safetensors").find("\"dtype\":\"F16\""), std::string::npos);
+  const auto a = ReadAll(f32.str()), h = ReadAll(f16.str());
+  ASSERT_EQ(a.size(), h.size());
+  int subnormals = 0;
+  for (const auto& [name, va] : a) {
+    const std::vector<float>& vh = h.at(name);
+    ASSERT_EQ(va.size(), vh.size());
+    for (size_t i = 0; i < va.size(); ++i) {
+      const double x = va[i], got = vh[i];
+      if (std::fabs(got) < 6.103515625e-05) ++subnormals;
+      // The neighbours of `got` one half-ulp step away are no closer to x (ties: even).
+      const double ulp = std::ldexp(1.0, std::max(-24, std::ilogb(got == 0 ? 6.103515625e-05 : got) - 10));
+      ASSERT_LE(std::fabs(x - got), ulp / 2) << name << "[" << i << "] " << x << " -> " << got;
+    }
+  }
+  EXPECT_GT(subnormals, 0);  // values near zero took the subnormal path
+}
+
 TEST(ModelMakerTest, CopiesTheTokenizerAndCanTakeItsVocabularySize) {
   TempDir dir("tok");
   MakeOptions o;
@@ -372,7 +402,9 @@ TEST(ModelMakerTest, CliStreamsTensorsWithBoundedMemory) {
   EXPECT_GT(size, 110u << 20);
   EXPECT_LT(static_cast<uint64_t>(rss_kib) * 1024, size / 4) << "peak RSS " << rss_kib << " KiB";
   EXPECT_EQ(RunMakeModel({"--preset", "no-such-model", "--out", dir.str()}).first, 2);
-  EXPECT_EQ(RunMakeModel({"--preset", "tiny-llama-30", "--dtype", "f16", "--out", dir.str()}).first, 2);
+  // An unknown dtype is refused (f16 was, before make_model wrote F16; it is accepted now).
+  EXPECT_EQ(RunMakeModel({"--preset", "tiny-llama-30", "--dtype", "f8", "--out", dir.str()}).first, 2);
+  EXPECT_EQ(RunMakeModel({"--preset", "tiny-llama-30", "--dtype", "f16", "--out", dir.str()}).first, 0);
 }
 
 }  // namespace

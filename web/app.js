@@ -364,7 +364,9 @@
         el('td', { 'data-label': 'Device', text: s.name || String(s.device_id || '').slice(0, 8) }),
         el('td', { 'data-label': 'Layers', text: layersText(s.first, s.end) }),
         el('td', { 'data-label': 'Download MB', class: 'num', text: fmtMB(s.download_mb) }),
-        el('td', { 'data-label': 'Hold MB', class: 'num', text: fmtMB(s.hold_mb) })));
+        el('td', { 'data-label': 'Hold MB', class: 'num', text: fmtMB(s.hold_mb) }),
+        el('td', { 'data-label': 'Need / budget MB', class: 'num',
+          text: fmtMB(s.need_mb) + ' / ' + (s.budget_mb ? fmtMB(s.budget_mb) : '?') })));
     }
     table.hidden = stages.length === 0;
     const est = $('plan-est');

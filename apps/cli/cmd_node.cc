@@ -22,13 +22,17 @@ struct NodeFlags {
   std::string server_key;
   bool no_cache = false;
   std::vector<std::string> models_dirs;
+  std::string max_memory;
 };
 
 int RunNodeCommand(const NodeFlags& f) {
   auto addr = net::JoinAddress(f.join);
   if (!addr.ok()) return ReportError(addr.status().message(), 2);
+  auto budget = ParseMaxMemory(f.max_memory);
+  if (!budget.ok()) return ReportError(budget.status().message(), 2);
   InstallStopSignals();
   NodeOptions o;
+  o.max_memory = *budget;
   o.rendezvous = *addr;
   o.room = f.room;
   o.name = f.name;
@@ -68,6 +72,7 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
                   "repo ids. A path outside every such folder (symlinks and .. resolved) is refused, unread")
       ->allow_extra_args(false);
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk slice cache");
+  AddMaxMemoryFlag(sub, f->max_memory);
   return [f] { return RunNodeCommand(*f); };
 });
 

@@ -31,6 +31,7 @@ struct RunFlags {
   bool no_cache = false;
   std::string server_key;
   double lap_timeout = 60;
+  std::string max_memory;
 };
 
 Result<std::vector<int>> ParsePlan(const std::string& s) {
@@ -60,6 +61,9 @@ int RunRun(const RunFlags& f) {
   so.rendezvous = *addr;
   so.server_key = f.server_key;
   so.lap_timeout_s = f.lap_timeout;
+  auto budget = ParseMaxMemory(f.max_memory);
+  if (!budget.ok()) return ReportError(budget.status().message(), 2);
+  so.max_memory = *budget;
   so.room = f.room;
   so.name = f.name;
   so.bind_host = f.host;
@@ -111,9 +115,13 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--stages", f->stages, "Split over exactly N devices including this one (waits up to 30 s for them)")
       ->check(CLI::Range(1, 256));
   sub->add_option("--plan", f->plan, "Layers per stage, this device first, e.g. 2,2,1");
-  sub->add_flag("--verify", f->verify, "Afterwards run the whole model here and compare the token ids and the bits of every step (final "
-                "hidden row and logits, BLAKE2b); prints VERIFIED or MISMATCH with the first differing position, exit code 3 "
-                "on a mismatch");
+  sub->add_flag(
+      "--verify", f->verify,
+      "Afterwards run the whole model here and compare the token ids and the bits of every step (final "
+      "hidden row and logits, BLAKE2b); prints VERIFIED or MISMATCH with the first differing position, exit code 3 "
+      "on a mismatch. When the whole model does not fit this device's --max-memory, the turn is re-run one slice "
+      "of layers at a time instead (stage by stage), and it says so");
+  AddMaxMemoryFlag(sub, f->max_memory);
   AddAuditFlags(sub, f->session);
   sub->add_flag("--json", f->json, "Print one JSON object at the end instead of streaming text");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");

@@ -46,6 +46,7 @@ struct ServeFlags {
   std::vector<std::string> allow_hosts;
   std::vector<std::string> models_dirs;
   SessionOptions session;  // --audit, --audit-seed
+  std::string max_memory;
 };
 
 // The admin secret for scripts and tests (--admin-secret-file): owner-only, as a token file.
@@ -65,6 +66,8 @@ int PortOf(const std::string& tcp_address) {
 }
 
 int RunServe(const ServeFlags& f) {
+  auto budget = ParseMaxMemory(f.max_memory);
+  if (!budget.ok()) return ReportError(budget.status().message(), 2);
   InstallStopSignals();
   // The rendezvous and the HTTP server listen on loopback only; the mux is the public port.
   // The rendezvous's key pair is this device's "rendezvous" identity: devices that joined
@@ -102,6 +105,7 @@ int RunServe(const ServeFlags& f) {
   so.admission = own;
   so.audit_rate = f.session.audit_rate;
   so.audit_seed = f.session.audit_seed;
+  so.max_memory = *budget;
   std::string compute_id;
   if (!f.no_compute) {
     // The compute device of this process is the head's own machine: the head holds layers
@@ -168,6 +172,7 @@ int RunServe(const ServeFlags& f) {
       o.admission = own;
       o.print_tokens = false;
       o.stop = &StopRequested();
+      o.max_memory = *budget;
       // Local folders other heads may name: --models-dir, and the --model folder this
       // serve was asked to load itself.
       o.models_dirs = f.models_dirs;
@@ -281,6 +286,7 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
                   "(repeatable; the --model folder is allowed too); otherwise only Hub repo ids")
       ->allow_extra_args(false);
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
+  AddMaxMemoryFlag(sub, f->max_memory);  // the head's budget, and its compute device's
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
   sub->add_option("--api-key", f->api_key,
                   "Key the OpenAI-compatible API requires as \"Authorization: Bearer KEY\" (also $DAISY_API_KEY); "

@@ -33,6 +33,9 @@ struct HeadStageReport {
   int first = 0;
   int end = 0;
   uint64_t download_bytes = 0;  // bytes of its tensors as stored
+  uint64_t need_bytes = 0;      // what the plan counts it holds: weights, KV cache, working memory
+  uint64_t budget_bytes = 0;    // its memory budget, as its hello reported it
+  uint64_t peak_rss_bytes = 0;  // its peak resident set (VmHWM) as it last reported it; 0: unknown
 };
 
 // One stage's share of a turn, as the stage measured it.
@@ -50,6 +53,7 @@ struct HeadReport {
   std::string text;
   std::string finish_reason;
   std::vector<HeadStageReport> plan;
+  double ready_seconds = 0;  // from planning until every stage held its layers (loads included)
   double prefill_seconds = 0;
   double decode_seconds = 0;
   double tokens_per_s = 0;      // decode
@@ -72,6 +76,11 @@ struct HeadReport {
   // bits (the generated token at mismatch_position - prompt_ids.size()); unset when verified.
   std::optional<int> mismatch_position;
   std::string mismatch;         // "ids differ" | "ids equal, logits differ" | "ids equal, hidden row differs"
+  // "whole model" (a second copy of the model on the head) or "stage by stage" (when the
+  // whole model does not fit the head's budget: one slice of layers at a time).
+  std::string verify_mode;
+  double verify_seconds = 0;
+  uint64_t verify_peak_rss_bytes = 0;  // the head's peak resident set during Verify; 0: unknown
 };
 
 struct SessionOptions {
@@ -84,6 +93,9 @@ struct SessionOptions {
   std::string name;
   std::string role = "head";            // DeviceId role: one identity per role and home
   std::string bind_host = "127.0.0.1";
+  // --max-memory: the head's budget for its own slice and for Verify; unset: MemAvailable
+  // (or $DAISY_FREE_MEMORY).
+  std::optional<uint64_t> max_memory;
   HubOptions hub;
   std::vector<std::string> exclude_devices;  // never planned (e.g. serve's own compute node)
   // Timeouts (docs/ARCHITECTURE.md, "Timeouts"). A member is dead when its heartbeats stop

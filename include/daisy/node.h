@@ -11,6 +11,7 @@
 #include "daisy/hub.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
+#include "daisy/plan.h"
 #include "daisy/status.h"
 #include "daisy/wire.h"
 
@@ -55,8 +56,14 @@ std::string DeviceCacheDir();
 // Bytes this device can give to weights: MemAvailable from /proc/meminfo, or
 // $DAISY_FREE_MEMORY (bytes) when set (tests and demos simulate small devices with it).
 uint64_t FreeMemoryBytes();
-// The hello of this device: capacity measured through the live kernel, probe, backend.
-wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities);
+// The memory budget a device reports: --max-memory when given, else FreeMemoryBytes().
+uint64_t MemoryBudget(std::optional<uint64_t> max_memory);
+// The hello of this device: capacity measured through the live kernel, probe, backend, and
+// `budget` as its free memory (what the plan may give it).
+wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities, uint64_t budget);
+// What the plan counts for this model at context ctx (PlanModelFromSpec with the embedding
+// at the width of its file, when that header is read; BF16 width otherwise).
+PlanModel PlanModelOf(const ModelInfo& info, int ctx);
 
 // What every device of a ring must agree on before it runs a hop: the normalized spec
 // (XXH64 of its fields) and the model load (wire::ModelHash of repo id, pinned commit and a
@@ -105,6 +112,9 @@ struct NodeOptions {
   // lies under one of these (see AllowedModelFolder). Empty: Hub repo ids only.
   std::vector<std::string> models_dirs;
   NodeFaults* faults = nullptr;  // tests only (see NodeFaults); not owned
+  // --max-memory: the budget this device reports and holds to; unset: FreeMemoryBytes(). An
+  // assignment whose layers need more (PlanModel::Need) is refused before any download.
+  std::optional<uint64_t> max_memory;
 };
 
 // Runs the member loop until *options.stop is true. Survives a head that disappears and

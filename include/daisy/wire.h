@@ -37,7 +37,7 @@ enum class Tag : int32_t {
   kHopReceipt = -36,
 };
 
-inline constexpr uint16_t kProtocolVersion = 4;  // 4: BLAKE2b audit digests, hop receipts
+inline constexpr uint16_t kProtocolVersion = 5;     // 5: peak RSS in ready and stage_stats; 4: BLAKE2b audit digests
 inline constexpr size_t kMaxString = 1024;          // any string field
 inline constexpr size_t kMaxStages = 256;
 inline constexpr size_t kMaxFrameBytes = 256u << 20; // an activation of a long prefill chunk fits
@@ -92,6 +92,7 @@ struct Ready {
   int32_t stage = 0;
   uint64_t bytes_held = 0;
   int32_t kept = 0;  // positions of the assignment's cache it kept (0 or keep)
+  uint64_t peak_rss = 0;  // the device's peak resident set so far (VmHWM), bytes; 0: unknown
 };
 
 // Header [i32 tag][i32 seq][i32 token_index][i32 next][u32 act_hash][u32 model_hash], then
@@ -176,6 +177,7 @@ struct StageStats {
   int32_t stage = 0;
   int64_t hops = 0;
   double compute_seconds = 0;
+  uint64_t peak_rss = 0;  // the device's peak resident set through the turn (VmHWM), bytes; 0: unknown
 };
 
 struct Heartbeat {

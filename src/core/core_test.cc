@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daisy/log.h"
+#include "daisy/memory.h"
 #include "daisy/source.h"
 #include "daisy/status.h"
 
@@ -103,6 +104,38 @@ TEST(LocalSource, AFifoNamedLikeAModelFileIsRefusedAtOnce) {
   Status st = (*folder)->ReadFile("config.json").status();
   EXPECT_NE(st.message().find("not a regular file"), std::string::npos) << st.message();
   std::filesystem::remove_all(dir);
+}
+
+TEST(Memory, SizesAsPeopleWriteThem) {
+  EXPECT_EQ(*ParseMemorySize("512M"), 512ull << 20);
+  EXPECT_EQ(*ParseMemorySize("4G"), 4ull << 30);
+  EXPECT_EQ(*ParseMemorySize("4g"), 4ull << 30);
+  EXPECT_EQ(*ParseMemorySize("1.5GiB"), 3ull << 29);
+  EXPECT_EQ(*ParseMemorySize("3500MB"), 3500000000ull);
+  EXPECT_EQ(*ParseMemorySize("2 GB"), 2000000000ull);
+  EXPECT_EQ(*ParseMemorySize("4096"), 4096ull);
+  EXPECT_EQ(*ParseMemorySize("64KiB"), 65536ull);
+  for (const char* bad : {"", "G", "-4G", "4X", "1.2.3G", "0", "0.1", "4 G B", "99999999T", "abc"}) {
+    auto r = ParseMemorySize(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(std::string(1, 0x27) + bad + std::string(1, 0x27)), std::string::npos)
+        << r.status().message();
+  }
+  EXPECT_EQ(FormatBytes(3ull << 29), "1.50 GiB");
+  EXPECT_EQ(FormatBytes(512ull << 20), "512.0 MiB");
+}
+
+TEST(Memory, PeakRssSeesAnAllocationAndCanStartOver) {
+  if (PeakRssBytes() == 0) GTEST_SKIP() << "no /proc/self/status";
+  const uint64_t before = PeakRssBytes();
+  {
+    std::vector<char> big(256u << 20, 1);  // touched: resident
+    EXPECT_GE(PeakRssBytes(), before + (200ull << 20));
+    EXPECT_EQ(big[12345], 1);
+  }
+  if (!ResetPeakRss()) GTEST_SKIP() << "clear_refs not writable";
+  EXPECT_LT(PeakRssBytes(), before + (200ull << 20));
+  EXPECT_GT(AvailableMemoryBytes(), 0u);
 }
 
 }  // namespace

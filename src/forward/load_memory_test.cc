@@ -68,9 +68,12 @@ class LoadMemory : public ::testing::TestWithParam<modelmaker::WeightDType> {};
 
 TEST_P(LoadMemory, GeneratePeakRssStaysWithinTheBudget) {
   ASSERT_TRUE(fs::exists(Binary())) << Binary() << " is missing: build the daisychain target first";
-  const bool bf16 = GetParam() == modelmaker::WeightDType::kBF16;
-  const fs::path dir = fs::path(::testing::TempDir()) /
-                       ("daisy_load_memory_" + std::string(bf16 ? "bf16_" : "f32_") + std::to_string(::getpid()));
+  const bool bf16 = GetParam() != modelmaker::WeightDType::kF32;  // BF16 or F16: 2 bytes a value
+  const char* tag = GetParam() == modelmaker::WeightDType::kBF16  ? "bf16_"
+                    : GetParam() == modelmaker::WeightDType::kF16 ? "f16_"
+                                                                   : "f32_";
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("daisy_load_memory_" + std::string(tag) + std::to_string(::getpid()));
   // Qwen2 with hidden 256: embedding 151936 x 256 (38.9M values, tied), two small layers.
   modelmaker::ModelShape shape = modelmaker::PresetShape("qwen2.5-0.5b");
   shape.hidden = 256, shape.intermediate = 512, shape.n_heads = 4, shape.n_kv_heads = 2, shape.head_dim = 64;
@@ -106,9 +109,12 @@ TEST_P(LoadMemory, GeneratePeakRssStaysWithinTheBudget) {
 }
 
 INSTANTIATE_TEST_SUITE_P(forward, LoadMemory,
-                         ::testing::Values(modelmaker::WeightDType::kBF16, modelmaker::WeightDType::kF32),
+                         ::testing::Values(modelmaker::WeightDType::kBF16, modelmaker::WeightDType::kF32,
+                                           modelmaker::WeightDType::kF16),
                          [](const auto& info) {
-                           return std::string(info.param == modelmaker::WeightDType::kBF16 ? "BF16" : "F32");
+                           return std::string(info.param == modelmaker::WeightDType::kBF16  ? "BF16"
+                                              : info.param == modelmaker::WeightDType::kF16 ? "F16"
+                                                                                             : "F32");
                          });
 
 }  // namespace

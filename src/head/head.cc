@@ -1,21 +1,23 @@
 // The head: plan, assign, ready, laps, tokens, done, replay, verify.
 #include "daisy/head.h"
 
+#include <sodium.h>
+#include <xxhash.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <random>
 #include <set>
 #include <thread>
 
-#include <sodium.h>
-#include <xxhash.h>
-
 #include "daisy/forward.h"
 #include "daisy/log.h"
+#include "daisy/memory.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
@@ -717,7 +719,8 @@ struct HeadSession::Impl {
   }
 
   // The plan over the devices in the room now; the head first.
-  Result<Planned> PlanNow(int attempt, std::optional<int> stages_wanted) const {
+  // A verified turn keeps room on the head for a stage-by-stage Verify (VerifyByStages).
+  Result<Planned> PlanNow(int attempt, std::optional<int> stages_wanted, bool verify = false) const {
     std::shared_ptr<const ModelInfo> mi;
     int c = 0;
     {
@@ -751,7 +754,12 @@ struct HeadSession::Impl {
       const int wanted = o.plan && !stages_wanted ? static_cast<int>(o.plan->size()) : *want;
       po.stages = std::min<int>(wanted, static_cast<int>(devices.size()));
     }
-    const PlanModel pm = PlanModelFromSpec(spec, c);
+    const PlanModel pm = PlanModelOf(*mi, c);
+    if (verify) {
+      po.head_reserve_bytes =
+          pm.layer_bytes + 2ull * static_cast<uint64_t>(c) * static_cast<uint64_t>(spec.hidden) * sizeof(float);
+      po.head_reserve_per_layer = pm.layer_bytes - PlanModelOf(*mi, 0).layer_bytes;
+    }
     DAISY_ASSIGN_OR_RETURN(Plan plan, MakePlan(pm, devices, po));
     Planned out;
     out.view.notes = notes;
@@ -759,7 +767,7 @@ struct HeadSession::Impl {
     for (const auto& s : plan.stages) {
       const bool is_head = s.device_id == id;
       const uint64_t bytes = TensorBytes(mi->index, StageTensorNames(spec, s.first, s.end, is_head));
-      out.view.stages.push_back({s.device_id, s.device_name, s.first, s.end, bytes});
+      out.view.stages.push_back({s.device_id, s.device_name, s.first, s.end, bytes, s.need_bytes, s.budget_bytes, 0});
       out.view.hold_bytes.push_back(pm.layer_bytes * static_cast<uint64_t>(s.end - s.first) + (is_head ? pm.head_bytes : 0));
       out.stages.push_back({s.device_id, is_head ? ep->address() : address_of[s.device_id], s.first, s.end});
     }
@@ -869,10 +877,17 @@ struct HeadSession::Impl {
       last_error = turn_status.message();
       say("the turn failed: " + last_error);
     }
+    if (!report.plan.empty()) report.plan[0].peak_rss_bytes = PeakRssBytes();
     if (r.verify) {
       GenerateOptions g = gen;
       if (r.fresh_hooks) r.fresh_hooks(g);
+      // Verify's own peak: the high-water mark starts over from what the head holds now.
+      const bool reset = ResetPeakRss();
+      const auto started = Clock::now();
       DAISY_RETURN_IF_ERROR(Verify(report, g, say));
+      report.verify_seconds = Since(started);
+      if (reset) report.verify_peak_rss_bytes = PeakRssBytes();
+      if (!report.plan.empty()) report.plan[0].peak_rss_bytes = std::max(report.plan[0].peak_rss_bytes, PeakRssBytes());
     }
     return report;
   }
@@ -882,7 +897,8 @@ struct HeadSession::Impl {
       if (r.on_status) r.on_status(line);
     };
     const ModelSpec& spec = info->spec;
-    DAISY_ASSIGN_OR_RETURN(Planned planned, PlanNow(attempt, r.stages));
+    const auto turn_start = Clock::now();
+    DAISY_ASSIGN_OR_RETURN(Planned planned, PlanNow(attempt, r.stages, r.verify));
     for (const auto& n : planned.view.notes) say("plan: " + n);
     report.plan = planned.view.stages;
     const auto& stages = planned.stages;
@@ -1009,7 +1025,10 @@ struct HeadSession::Impl {
       const int from = StageOfSender(stages);
       if (from >= 1) last_sign[from] = Clock::now();
       if (auto* rd = std::get_if<wire::Ready>(&*m)) {
-        if (rd->stage >= 1 && static_cast<size_t>(rd->stage) < stages.size() && rd->stage == from) ready[rd->stage] = rd->kept;
+        if (rd->stage >= 1 && static_cast<size_t>(rd->stage) < stages.size() && rd->stage == from) {
+          ready[rd->stage] = rd->kept;
+          report.plan[static_cast<size_t>(rd->stage)].peak_rss_bytes = rd->peak_rss;
+        }
       } else if (auto* pg = std::get_if<wire::Progress>(&*m)) {
         if (pg->turn == turn && pg->stage >= 1 && static_cast<size_t>(pg->stage) < stages.size() && r.on_progress)
           r.on_progress({pg->stage, stages[static_cast<size_t>(pg->stage)].device_id, planned.view.stages[static_cast<size_t>(pg->stage)].device_name,
@@ -1031,6 +1050,7 @@ struct HeadSession::Impl {
       }
     }
     if (stages.size() > 1) say("all stages ready");
+    report.ready_seconds = Since(turn_start);
     // Links that broke before the laps are not the laps' fault: a handshake refused while a
     // stage had not yet heard of this head was retried by Send, and the assignment got there.
     (void)ep->TakeDropped();
@@ -1157,14 +1177,38 @@ struct HeadSession::Impl {
         if (l.hops == 0) ++got;
         l.hops = st->hops;
         l.compute_seconds = st->compute_seconds;
+        auto& peak = report.plan[static_cast<size_t>(st->stage)].peak_rss_bytes;
+        peak = std::max(peak, st->peak_rss);
       }
     }
     return Status::Ok();
   }
 
+  // Bytes the head holds now beside any verify: its slice and the KV caches of its slots.
+  uint64_t HeldNow() const {
+    uint64_t held = head_weights ? head_weights->Bytes() : 0;
+    for (const auto& s : slots)
+      if (s.stage) held += s.stage->CacheBytes();
+    return held;
+  }
+
   template <typename Say>
   Status Verify(HeadReport& report, const GenerateOptions& gen, Say&& say) {
-    say("verifying: running the whole model on this device");
+    const uint64_t budget = hello.free_memory;
+    const uint64_t whole = PlanModelOf(*info, ctx).Need(info->spec.n_layers, true);
+    if (verify_pipeline || whole + HeldNow() <= budget) {
+      report.verify_mode = "whole model";
+      say("verifying: running the whole model on this device");
+      return VerifyWhole(report, gen);
+    }
+    report.verify_mode = "stage by stage";
+    say("verifying stage by stage: the whole model (" + FormatBytes(whole) +
+        ") does not fit this device's memory budget (" + FormatBytes(budget) + ", " + FormatBytes(HeldNow()) +
+        " held now), so the turn is re-run one slice of layers at a time");
+    return VerifyByStages(report, gen, say);
+  }
+
+  Status VerifyWhole(HeadReport& report, const GenerateOptions& gen) {
     if (!verify_pipeline) {
       const int all[] = {info->spec.n_layers};
       DAISY_ASSIGN_OR_RETURN(LocalPipeline local, LocalPipeline::Load(*source, *info, all, ctx));
@@ -1176,6 +1220,103 @@ struct HeadSession::Impl {
     DigestSteps(single_gen, single_steps);
     DAISY_ASSIGN_OR_RETURN(GenerateResult single, g.Generate(report.prompt_ids, single_gen));
     Compare(report, report.ids, ring_steps, single.ids, single_steps);
+    return Status::Ok();
+  }
+
+  // The rest of the model for a Verify that never holds it: the hidden states after the last
+  // layer of every position of the turn, computed beforehand slice by slice. The head's own
+  // layers run live; a batch whose input rows are not the ones the slices were computed from
+  // (the single-device run chose another token) ends the run as diverged.
+  class ReplayLink final : public StageLink {
+   public:
+    ReplayLink(const std::vector<float>& in, const std::vector<float>& out, int hidden)
+        : in_(in), out_(out), hidden_(hidden) {}
+    Result<HiddenStates> Run(HiddenStates h) override {
+      const size_t row = static_cast<size_t>(hidden_);
+      const size_t at = static_cast<size_t>(h.positions.front()) * row;
+      if (at + h.values.size() > in_.size() ||
+          std::memcmp(in_.data() + at, h.values.data(), h.values.size() * sizeof(float)) != 0) {
+        diverged_ = true;
+        return DataLoss("the single-device run left the ring's token sequence at position " +
+                        std::to_string(h.positions.front()));
+      }
+      std::copy(out_.begin() + static_cast<std::ptrdiff_t>(at),
+                out_.begin() + static_cast<std::ptrdiff_t>(at + h.values.size()), h.values.begin());
+      return h;
+    }
+    bool diverged() const { return diverged_; }
+
+   private:
+    const std::vector<float>& in_;
+    const std::vector<float>& out_;
+    int hidden_;
+    bool diverged_ = false;
+  };
+
+  // Stage-by-stage Verify (the chunked, cached and one-shot passes give the same bits): the
+  // turn's positions go through the head's layers, then through each later slice of layers,
+  // fetched (from the disk cache when present), run over every position at once and freed,
+  // keeping only the hidden states; then the single-device generator runs on the head with
+  // those final rows and its steps are compared with the ring's.
+  template <typename Say>
+  Status VerifyByStages(HeadReport& report, const GenerateOptions& gen, Say&& say) {
+    const ModelSpec& spec = info->spec;
+    std::vector<int32_t> seq = report.prompt_ids;
+    seq.insert(seq.end(), report.ids.begin(), report.ids.end());
+    if (static_cast<int>(seq.size()) > ctx) seq.resize(static_cast<size_t>(ctx));
+    const int n = static_cast<int>(seq.size());
+    const uint64_t states = 2ull * static_cast<uint64_t>(n) * static_cast<uint64_t>(spec.hidden) * sizeof(float);
+    // Slices: the ring's stages, each cut further until it fits beside what the head holds.
+    const PlanModel pm = PlanModelOf(*info, n);
+    // The head's layers get a second KV cache for the replayed run.
+    const uint64_t head_kv = static_cast<uint64_t>(head_weights->end() - head_weights->first()) *
+                             (PlanModelOf(*info, ctx).layer_bytes - PlanModelOf(*info, 0).layer_bytes);
+    const uint64_t fixed = HeldNow() + head_kv + states + pm.working_bytes;
+    const uint64_t budget = hello.free_memory;
+    if (pm.layer_bytes > 0 && fixed + pm.layer_bytes > budget)
+      return ResourceExhausted("stage-by-stage Verify needs " + FormatBytes(fixed + pm.layer_bytes) +
+                               " for one layer beside what this device holds (" + FormatBytes(HeldNow()) +
+                               ") and the turn's hidden states (" + FormatBytes(states) +
+                               "), but its memory budget is " + FormatBytes(budget) + "; nothing was fetched");
+    const int per_slice = pm.layer_bytes > 0
+                              ? static_cast<int>(std::min<uint64_t>((budget - fixed) / pm.layer_bytes, spec.n_layers))
+                              : spec.n_layers;
+    std::vector<std::pair<int, int>> slices;
+    for (size_t i = 1; i < report.plan.size(); ++i)
+      for (int a = report.plan[i].first; a < report.plan[i].end; a += per_slice)
+        slices.push_back({a, std::min(report.plan[i].end, a + per_slice)});
+    const int head_end = head_weights->end();
+    if (report.plan.empty() || report.plan[0].end != head_end) return Internal("Bug: Verify without the turn's plan");
+
+    // The head's own layers over every position: the rows it sends to stage 1.
+    DAISY_ASSIGN_OR_RETURN(HiddenStates h, Embed(*head_weights, seq, 0));
+    {
+      KvCache kv(spec, 0, head_end, n);
+      DAISY_RETURN_IF_ERROR(RunLayers(*head_weights, 0, head_end, h, kv));
+    }
+    const std::vector<float> first_rows = h.values;
+    for (size_t k = 0; k < slices.size(); ++k) {
+      const auto [a, b] = slices[k];
+      say("verifying: layers [" + std::to_string(a) + ", " + std::to_string(b) + ") (slice " + std::to_string(k + 1) +
+          " of " + std::to_string(slices.size()) + ") over " + std::to_string(n) + " positions");
+      DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*source, *info, a, b, false));
+      KvCache kv(spec, a, b, n);
+      DAISY_RETURN_IF_ERROR(RunLayers(w, a, b, h, kv));
+    }  // each slice and its cache are freed before the next is fetched
+    ReplayLink replay(first_rows, h.values, spec.hidden);
+    HeadStage stage(*head_weights, ctx, &replay);
+    Generator g(stage);
+    GenerateOptions single_gen = gen;
+    single_gen.prefill_chunk = 0;  // the whole prompt at once: the same bits as any chunking
+    single_gen.prefill_in_flight = 1;
+    single_gen.first_position = 0;
+    std::vector<StepDigest> single_steps;
+    DigestSteps(single_gen, single_steps);
+    std::vector<int32_t> single_ids;
+    auto single = g.Generate(report.prompt_ids, single_gen,
+                             [&](int32_t id, std::span<const float>) { single_ids.push_back(id); });
+    if (!single.ok() && !replay.diverged()) return single.status();
+    Compare(report, report.ids, ring_steps, single_ids, single_steps);
     return Status::Ok();
   }
 };
@@ -1191,7 +1332,7 @@ Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& op
   DAISY_ASSIGN_OR_RETURN(impl->ep, net::Endpoint::Bind(options.bind_host, 0, impl->keys));
   impl->room = std::make_unique<Room>(*impl->ep);
   // The head serves no other head's hops, so it does not offer itself as compute.
-  impl->hello = MeasureHello(impl->id, options.name, wire::kCapHead);
+  impl->hello = MeasureHello(impl->id, options.name, wire::kCapHead, MemoryBudget(options.max_memory));
   if (options.join_at_start) {
     auto lock = impl->TakeTurn();
     DAISY_RETURN_IF_ERROR(impl->JoinRoom());

@@ -55,12 +55,22 @@ uint64_t FreeMemoryBytes() {
   return 0;
 }
 
-wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities) {
+uint64_t MemoryBudget(std::optional<uint64_t> max_memory) {
+  return max_memory ? *max_memory : FreeMemoryBytes();
+}
+
+PlanModel PlanModelOf(const ModelInfo& info, int ctx) {
+  const TensorInfo* embed = info.index.Find(NamesForHead(info.spec).embed);
+  return PlanModelFromSpec(info.spec, ctx, embed ? static_cast<int>(DTypeSize(embed->dtype)) : 2);
+}
+
+wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities,
+                         uint64_t budget) {
   wire::Hello h;
   h.capabilities = capabilities;
   h.gemms_per_s = kernels::MeasureCapacityGemmsPerSecond();
   h.probe_hash = kernels::ProbeHash();
-  h.free_memory = FreeMemoryBytes();
+  h.free_memory = budget;
   h.backend = kernels::BackendChoiceSummary();  // one backend, or the choice per product shape
   h.device_id = device_id;
   if (!name.empty()) {

@@ -1,18 +1,20 @@
 // The ring member loop: join, hello, assignment, fetch own layers, ready, serve hops.
+#include "daisy/node.h"
+
 #include <algorithm>
-#include <utility>
-#include <map>
 #include <chrono>
-#include <filesystem>
-#include <thread>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <optional>
+#include <thread>
+#include <utility>
 
 #include "daisy/forward.h"
 #include "daisy/log.h"
+#include "daisy/memory.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
-#include "daisy/node.h"
 #include "daisy/plan.h"
 #include "daisy/tokenizer.h"
 
@@ -65,7 +67,7 @@ class Node {
     } else {
       address_ = ep_->address();
     }
-    hello_ = MeasureHello(id_, o_.name, wire::kCapCompute);
+    hello_ = MeasureHello(id_, o_.name, wire::kCapCompute, MemoryBudget(o_.max_memory));
     std::fprintf(stderr, "node %s (key fingerprint %s): %s backend, %.0f GEMMs/s, %.1f GB free; joining room '%s' at %s\n",
                  hello_.name.c_str(), net::Fingerprint(keys.public_key).c_str(), hello_.backend.c_str(), hello_.gemms_per_s,
                  static_cast<double>(hello_.free_memory) / 1e9, o_.room.c_str(), o_.rendezvous.c_str());
@@ -235,7 +237,8 @@ class Node {
     // before the peer list that shows it arrives. CURVE still proves who listens there.
     for (const auto& st : a.stages)
       if (auto k = key_of_.find(st.device_id); k != key_of_.end()) ep_->SetPeerKey(st.address, k->second);
-    Status sent = ep_->Send(head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes(), kept_}), 2000);
+    Status sent = ep_->Send(
+        head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes(), kept_, PeakRssBytes()}), 2000);
     if (!sent.ok()) LogWarning("node " + hello_.name + ": could not tell the head it is ready: " + sent.message());
   }
 
@@ -306,6 +309,15 @@ class Node {
       slice_.weights.reset();
       slots_.clear();
       kv_ = nullptr;
+      // Refuse what this device cannot hold before fetching a byte of it (the head planned
+      // with the budget from this device's hello, so this is a plan made elsewhere, or
+      // older, or a budget lowered since).
+      const uint64_t need = PlanModelOf(*slice_.info, a.ctx).Need(me.end - me.first, false);
+      if (need > hello_.free_memory)
+        return ResourceExhausted("layers [" + std::to_string(me.first) + ", " + std::to_string(me.end) + ") of " +
+                                 a.model_id + " at context " + std::to_string(a.ctx) + " need " + FormatBytes(need) +
+                                 " (int8 weights, KV cache and working memory) but this device's memory budget is " +
+                                 FormatBytes(hello_.free_memory) + ": refused before any download");
       std::fprintf(stderr, "node %s: fetching layers [%d, %d) of %s\n", hello_.name.c_str(), me.first, me.end, a.model_id.c_str());
       auto started = Clock::now();
       auto last_progress = Clock::now() - std::chrono::seconds(1);
@@ -446,7 +458,8 @@ class Node {
       for (auto& s : slots_)
         if (s.key == cache_key_ && s.kv.get() == kv_ && kv_->length() == d.cached) s.tag = d.cache_tag;
       if (!head_address_.empty())
-        (void)ep_->Send(head_address_, wire::Message(wire::StageStats{d.seq, stage_, hops_, compute_seconds_}), 500);
+        (void)ep_->Send(head_address_,
+                        wire::Message(wire::StageStats{d.seq, stage_, hops_, compute_seconds_, PeakRssBytes()}), 500);
     }
     if (o_.print_tokens && d.seq == printed_seq_) {
       if (stream_) std::fputs(stream_->Finish().c_str(), stdout);

@@ -1,5 +1,7 @@
 // A ring member in this process (RunNode on a thread) driven by a hand-written head over
 // real sockets on 127.0.0.1: assignment, ready, hops, and the hops it must refuse.
+#include "daisy/node.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,9 +10,9 @@
 #include <thread>
 
 #include "daisy/forward.h"
+#include "daisy/memory.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
-#include "daisy/node.h"
 
 namespace daisy {
 namespace {
@@ -57,6 +59,7 @@ class NodeTest : public ::testing::Test {
     std::filesystem::copy(std::string(std::getenv("DAISY_MODELS")) + "/stories260K", outside_, std::filesystem::copy_options::recursive);
     std::filesystem::create_directory_symlink(outside_, allowed_ + "/link");
     options_.models_dirs = {std::getenv("DAISY_MODELS"), allowed_};
+    options_.max_memory = max_memory_;
     thread_ = std::thread([this] { status_ = RunNode(options_); });
     for (int i = 0; i < 100 && rv_->Members().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     ASSERT_EQ(rv_->Members().size(), 1u);
@@ -134,7 +137,42 @@ class NodeTest : public ::testing::Test {
   std::string head_id_;
   std::unique_ptr<ModelSource> source_;
   std::unique_ptr<ModelInfo> info_;
+  std::optional<uint64_t> max_memory_;  // set before SetUp: the node's --max-memory
 };
+
+// A node with --max-memory one byte short of what 3 layers of stories260K need at ctx 64.
+class NodeBudgetTest : public NodeTest {
+ protected:
+  void SetUp() override {
+    auto src = OpenLocalFolder(std::string(std::getenv("DAISY_MODELS")) + "/stories260K");
+    ASSERT_TRUE(src.ok());
+    auto info = LoadModelInfo(**src);
+    ASSERT_TRUE(info.ok());
+    need3_ = PlanModelOf(*info, 64).Need(3, false);
+    max_memory_ = need3_ - 1;
+    NodeTest::SetUp();
+  }
+  uint64_t need3_ = 0;
+};
+
+TEST_F(NodeBudgetTest, RefusesAnAssignmentItCannotHoldBeforeFetchingAndTakesOneThatFits) {
+  EXPECT_EQ(node_.hello.free_memory, need3_ - 1);  // the hello reports the budget
+  std::string error;
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(MakeAssignment())).ok());  // layers [2, 5)
+  EXPECT_FALSE(Await<wire::Ready>(*head_, 3000, &error).has_value());
+  EXPECT_NE(error.find("layers [2, 5) of " + source_->ModelId() + " at context 64 need " + FormatBytes(need3_)),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("this device's memory budget is " + FormatBytes(need3_ - 1) + ": refused before any download"),
+            std::string::npos)
+      << error;
+  wire::Assignment two = MakeAssignment();
+  two.stages = {{head_id_, head_->address(), 0, 3}, {node_.hello.device_id, node_.address, 3, 5}};
+  ASSERT_TRUE(head_->Send(node_.address, wire::Message(two)).ok());
+  auto ready = Await<wire::Ready>(*head_, 5000);
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_GT(ready->peak_rss, 0u);  // its VmHWM after loading
+}
 
 TEST_F(NodeTest, ServesAHopBitIdenticalToRunningItsLayersLocally) {
   ASSERT_TRUE(head_->Send(node_.address, wire::Message(MakeAssignment())).ok());

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <set>
 
+#include "daisy/memory.h"
+
 namespace daisy {
 
 namespace {
@@ -18,7 +20,7 @@ uint64_t MatrixBytes(uint64_t rows, uint64_t cols) { return rows * cols + 4 * ro
 
 }  // namespace
 
-PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx) {
+PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx, int embed_bytes_per_value) {
   const uint64_t H = static_cast<uint64_t>(s.hidden), D = static_cast<uint64_t>(s.head_dim);
   const uint64_t q = static_cast<uint64_t>(s.n_heads) * D, kv = static_cast<uint64_t>(s.n_kv_heads) * D;
   const uint64_t I = static_cast<uint64_t>(s.intermediate), V = static_cast<uint64_t>(s.vocab);
@@ -31,9 +33,15 @@ PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx) {
   PlanModel m;
   m.n_layers = s.n_layers;
   m.layer_bytes = layer;
-  // Embedding rows kept at 2 bytes per value plus the int8 LM head, final norm, positions.
-  m.head_bytes = 2 * V * H + MatrixBytes(V, H) + 8 * H +
+  // Embedding rows kept at the file's width plus the int8 LM head (the int8 copy of the
+  // embedding when tied), final norm, learned positions, and the logits of a step.
+  m.head_bytes = static_cast<uint64_t>(embed_bytes_per_value) * V * H + MatrixBytes(V, H) + 8 * H + 4 * 4 * V +
                  (s.learned_positions ? 4 * static_cast<uint64_t>(s.max_positions) * H : 0);
+  // Activations of two prefill chunks of 16 positions in flight, with their attention
+  // scores over the whole context and the MLP's intermediate rows, a few copies each.
+  constexpr uint64_t kPositions = 32;
+  m.working_bytes = kProcessBytes + 4 * kPositions * 4 * (4 * H + q + 2 * kv + 3 * I) +
+                    4 * kPositions * static_cast<uint64_t>(s.n_heads) * static_cast<uint64_t>(ctx);
   const double macs = static_cast<double>((q + 2 * kv) * H + H * q + (s.gated_mlp ? 3 : 2) * I * H);
   m.layer_cost_gemms = macs / kReferenceGemmMacs;
   return m;
@@ -89,6 +97,32 @@ Result<std::vector<int>> Apportion(int total, const std::vector<double>& weights
   return out;
 }
 
+// No plan fits: what the model needs against what the budgets give, device by device.
+template <typename MaxLayers>
+Status Shortfall(const PlanModel& model, const std::vector<DeviceReport>& devices, MaxLayers&& max_layers) {
+  uint64_t need = model.Need(model.n_layers, true) + (devices.size() - 1) * model.working_bytes;
+  uint64_t budgets = 0;
+  int room = 0;
+  std::string each;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const int cap = std::max(0, max_layers(devices[i], i == 0));
+    room += cap;
+    budgets += devices[i].free_memory;
+    each += (i ? ", " : "") + devices[i].name + " " + FormatBytes(devices[i].free_memory) + " (room for " +
+            std::to_string(cap) + (cap == 1 ? " layer)" : " layers)");
+  }
+  const int missing = model.n_layers - room;
+  const uint64_t short_by = need > budgets ? need - budgets : static_cast<uint64_t>(missing) * model.layer_bytes;
+  return InvalidArgument("the model does not fit in the devices' memory budgets: it needs " + FormatBytes(need) +
+                         " over " + std::to_string(devices.size()) + " device(s) (" + std::to_string(model.n_layers) +
+                         " layers of " + FormatBytes(model.layer_bytes) + " with their KV cache, the head's tensors " +
+                         FormatBytes(model.head_bytes) + ", " + FormatBytes(model.working_bytes) +
+                         " of working memory per device) but the budgets add up to " + FormatBytes(budgets) + " [" +
+                         each + "]: short by " + FormatBytes(short_by) + ", " + std::to_string(missing) +
+                         " layer(s) without a place; "
+                         "stopping before any download (add a device, raise --max-memory, or use a smaller --ctx)");
+}
+
 }  // namespace
 
 Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& devices, const PlanOptions& options) {
@@ -112,14 +146,21 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
   }
 
   auto max_layers = [&](const DeviceReport& d, bool is_head) -> int {
-    const uint64_t extra = is_head ? model.head_bytes : 0;
+    const uint64_t extra = model.Need(0, is_head) + (is_head ? options.head_reserve_bytes : 0);
     if (d.free_memory < extra) return is_head ? -1 : 0;
-    if (model.layer_bytes == 0) return model.n_layers;
-    return static_cast<int>(std::min<uint64_t>((d.free_memory - extra) / model.layer_bytes, static_cast<uint64_t>(model.n_layers)));
+    const uint64_t per_layer = model.layer_bytes + (is_head ? options.head_reserve_per_layer : 0);
+    if (per_layer == 0) return model.n_layers;
+    return static_cast<int>(
+        std::min<uint64_t>((d.free_memory - extra) / per_layer, static_cast<uint64_t>(model.n_layers)));
   };
   if (max_layers(head, true) < 0)
-    return InvalidArgument("the head (" + head.name + ") has " + std::to_string(head.free_memory) +
-                           " bytes free but its own tensors need " + std::to_string(model.head_bytes));
+    return InvalidArgument(
+        "the head (" + head.name + ") has a memory budget of " + FormatBytes(head.free_memory) + " but needs " +
+        FormatBytes(model.Need(0, true) + options.head_reserve_bytes) + " before any layer (embedding, LM head, " +
+        FormatBytes(model.working_bytes) + " of working memory" +
+        (options.head_reserve_bytes ? ", " + FormatBytes(options.head_reserve_bytes) + " for Verify" : std::string()) +
+        "): short by " + FormatBytes(model.Need(0, true) + options.head_reserve_bytes - head.free_memory) +
+        "; stopping before any download (raise its --max-memory or use a smaller model)");
 
   std::vector<int> counts;
   if (options.layer_counts) {
@@ -140,7 +181,9 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
     for (size_t i = 0; i < counts.size(); ++i)
       if (counts[i] > max_layers(eligible[i], i == 0))
         return InvalidArgument("--plan gives " + std::to_string(counts[i]) + " layers to " + eligible[i].name +
-                               ", more than fit in its free memory");
+                               ", which need " + FormatBytes(model.Need(counts[i], i == 0)) +
+                               " but its memory budget is " + FormatBytes(eligible[i].free_memory) +
+                               "; stopping before any download");
   } else {
     size_t n = eligible.size();
     if (options.stages) {
@@ -165,11 +208,17 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
     for (size_t i = 0; i < n; ++i) {
       const int fl = i == 0 ? 0 : floor_layers;
       const int cap = max_layers(eligible[i], i == 0);
-      if (cap < fl) return InvalidArgument(eligible[i].name + " cannot hold even one layer in its free memory");
+      if (cap < fl)
+        return InvalidArgument(eligible[i].name + " cannot hold even one layer: its memory budget is " +
+                               FormatBytes(eligible[i].free_memory) + ", one layer needs " +
+                               FormatBytes(model.Need(1, i == 0)) + "; stopping before any download");
       weights.push_back(std::max(eligible[i].gemms_per_s, 0.0));
       caps.push_back(cap - fl);
       reserved += fl;
     }
+    int room = reserved;
+    for (int c : caps) room += c;
+    if (room < model.n_layers) return Shortfall(model, eligible, max_layers);
     auto apportioned = Apportion(model.n_layers - reserved, weights, caps);
     if (!apportioned.ok()) return apportioned.status();
     counts = *apportioned;
@@ -188,6 +237,8 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
     s.first = first;
     s.end = first + counts[i];
     s.hold_bytes = static_cast<uint64_t>(counts[i]) * model.layer_bytes + (i == 0 ? model.head_bytes : 0);
+    s.need_bytes = model.Need(counts[i], i == 0);
+    s.budget_bytes = eligible[i].free_memory;
     first = s.end;
     if (eligible[i].gemms_per_s > 0)
       plan.est_seconds_per_token += counts[i] * model.layer_cost_gemms / eligible[i].gemms_per_s;

@@ -115,6 +115,71 @@ TEST(Plan, SpecSizesGrowWithTheModelAndTheContext) {
   EXPECT_GT(PlanModelFromSpec(s, 4096).layer_bytes, m.layer_bytes + 4096ull * 2 * 192);
 }
 
+// A ring for a model no device holds: 12 layers of 100 MB, a head's tensors of 300 MB and
+// 100 MB of working memory per device; budgets of 700 MB each hold 3 (head) or 6 layers.
+TEST(Plan, BudgetsCapEveryDeviceCountingWorkingMemory) {
+  constexpr uint64_t kMB = 1000000;
+  PlanModel m{12, 100 * kMB, 300 * kMB, 1.0, 100 * kMB};
+  const std::vector<DeviceReport> devices = {Dev("head", 10, 700 * kMB), Dev("a", 10, 700 * kMB),
+                                             Dev("b", 10, 700 * kMB)};
+  for (const auto& d : devices)
+    EXPECT_LT(d.free_memory, m.Need(m.n_layers, false)) << "no device holds the model alone";
+  auto p = MakePlan(m, devices, {});
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(Counts(*p), std::vector<int>({3, 5, 4}));  // shares of 4 each; the head's budget caps it at 3
+  for (const auto& s : p->stages) {
+    EXPECT_LE(s.need_bytes, s.budget_bytes) << s.device_id;
+    EXPECT_EQ(s.budget_bytes, 700 * kMB);
+    EXPECT_EQ(s.need_bytes, s.hold_bytes + 100 * kMB);
+  }
+  EXPECT_EQ(p->stages[0].need_bytes, 3 * 100 * kMB + 300 * kMB + 100 * kMB);
+}
+
+TEST(Plan, NoPlanFitsTheBudgetsNamesTheShortfall) {
+  constexpr uint64_t kMB = 1000000;
+  PlanModel m{12, 100 * kMB, 300 * kMB, 1.0, 100 * kMB};
+  // Room for 3 + 4 + 4 = 11 layers of 12: need 1.2 G + 300 M + 3 x 100 M = 1.8 GB, budgets 1.7 GB.
+  auto p = MakePlan(m, {Dev("head", 10, 700 * kMB), Dev("a", 10, 500 * kMB), Dev("b", 10, 500 * kMB)}, {});
+  ASSERT_FALSE(p.ok());
+  const std::string& msg = p.status().message();
+  EXPECT_NE(msg.find("the model does not fit in the devices' memory budgets"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("short by 95.4 MiB, 1 layer(s) without a place"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dev-a 476.8 MiB (room for 4 layers)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("before any download"), std::string::npos) << msg;
+  // The same with --stages and --plan.
+  PlanOptions o;
+  o.stages = 3;
+  EXPECT_NE(MakePlan(m, {Dev("head", 10, 700 * kMB), Dev("a", 10, 500 * kMB), Dev("b", 10, 500 * kMB)}, o)
+                .status()
+                .message()
+                .find("short by"),
+            std::string::npos);
+  o.stages.reset();
+  o.layer_counts = std::vector<int>{3, 5, 4};
+  auto q = MakePlan(m, {Dev("head", 10, 700 * kMB), Dev("a", 10, 500 * kMB), Dev("b", 10, 500 * kMB)}, o);
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().message().find(
+                "--plan gives 5 layers to dev-a, which need 572.2 MiB but its memory budget is 476.8 MiB"),
+            std::string::npos)
+      << q.status().message();
+  // A head that cannot hold even its own tensors.
+  auto h = MakePlan(m, {Dev("head", 10, 350 * kMB), Dev("a", 10, kGB)}, {});
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("memory budget of 333.8 MiB but needs 381.5 MiB before any layer"),
+            std::string::npos)
+      << h.status().message();
+}
+
+TEST(Plan, TheEmbeddingCountsAtTheWidthItIsHeld) {
+  ModelSpec s;
+  s.n_layers = 2, s.hidden = 64, s.n_heads = 4, s.n_kv_heads = 2, s.head_dim = 16, s.intermediate = 128, s.vocab = 1000;
+  // An F32 file keeps the embedding at 4 bytes per value: 2 more than BF16 per value.
+  EXPECT_EQ(PlanModelFromSpec(s, 64, 4).head_bytes - PlanModelFromSpec(s, 64, 2).head_bytes, 2ull * 1000 * 64);
+  // Working memory grows with the context (attention scores) and is at least the process's.
+  EXPECT_GT(PlanModelFromSpec(s, 4096).working_bytes, PlanModelFromSpec(s, 64).working_bytes);
+  EXPECT_GE(PlanModelFromSpec(s, 64).working_bytes, kProcessBytes);
+}
+
 Plan PlanOf(std::vector<std::pair<int, int>> ranges) {
   Plan p;
   int i = 0;

@@ -117,7 +117,9 @@ Json PlanJson(const PlanView& p) {
                       {"first", s.first},
                       {"end", s.end},
                       {"download_mb", Mb(s.download_bytes)},
-                      {"hold_mb", i < p.hold_bytes.size() ? Mb(p.hold_bytes[i]) : 0.0}});
+                      {"hold_mb", i < p.hold_bytes.size() ? Mb(p.hold_bytes[i]) : 0.0},
+                      {"need_mb", Mb(s.need_bytes)},
+                      {"budget_mb", Mb(s.budget_bytes)}});
   }
   return Json{{"stages", stages},
               {"est_ms_per_token", p.est_seconds_per_token * 1e3},

@@ -307,6 +307,7 @@ std::vector<uint8_t> Encode(const Message& message) {
           w.I32(m.stage);
           w.U64(m.bytes_held);
           w.I32(m.kept);
+          w.U64(m.peak_rss);
         } else if constexpr (std::is_same_v<T, Activation>) {
           w.I32(static_cast<int32_t>(Tag::kActivation));
           w.I32(m.seq);
@@ -338,6 +339,7 @@ std::vector<uint8_t> Encode(const Message& message) {
           w.I32(m.stage);
           w.U64(static_cast<uint64_t>(m.hops));
           w.F64(m.compute_seconds);
+          w.U64(m.peak_rss);
         } else if constexpr (std::is_same_v<T, HopDigest>) {
           w.I32(static_cast<int32_t>(Tag::kHopDigest));
           w.I32(m.seq);
@@ -480,6 +482,7 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
       m.stage = r.I32("stage");
       m.bytes_held = r.U64("bytes_held");
       m.kept = r.I32("kept");
+      m.peak_rss = r.U64("peak_rss");
       if (r.ok() && m.stage < 0) r.Fail("negative stage");
       if (r.ok() && m.kept < 0) r.Fail("negative kept");
       out = m;
@@ -552,6 +555,7 @@ Result<Message> Decode(std::span<const uint8_t> frame, int hidden) {
       m.stage = r.I32("stage");
       m.hops = static_cast<int64_t>(r.U64("hops"));
       m.compute_seconds = r.F64("compute_seconds");
+      m.peak_rss = r.U64("peak_rss");
       if (r.ok() && (m.stage < 0 || m.hops < 0)) r.Fail("negative stage or hops");
       if (r.ok() && !(std::isfinite(m.compute_seconds) && m.compute_seconds >= 0)) r.Fail("compute_seconds is not a finite non-negative number");
       out = m;

@@ -72,6 +72,7 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(a.model_id, "HuggingFaceTB/SmolLM2-135M");
   EXPECT_EQ(RoundTrip(Ready{2, 99}).bytes_held, 99u);
   EXPECT_EQ(RoundTrip(Ready{2, 99, 17}).kept, 17);
+  EXPECT_EQ(RoundTrip(Ready{2, 99, 17, 123456789012ull}).peak_rss, 123456789012ull);
   Assignment with_cache = MakeAssignment();
   with_cache.cache_key = 0x1122334455667788ull;
   with_cache.keep = 12;
@@ -89,6 +90,7 @@ TEST(Wire, EveryMessageRoundTrips) {
   StageStats ss = RoundTrip(StageStats{3, 2, 64, 0.125});
   EXPECT_EQ(ss.hops, 64);
   EXPECT_EQ(ss.compute_seconds, 0.125);
+  EXPECT_EQ(RoundTrip(StageStats{3, 2, 64, 0.125, 5ull << 30}).peak_rss, 5ull << 30);
   Assignment audited = MakeAssignment();
   audited.audit = true;
   EXPECT_TRUE(RoundTrip(audited).audit);
