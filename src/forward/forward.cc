@@ -46,6 +46,32 @@ void Norm(const ModelSpec& spec, const float* x, const std::vector<float>& w, co
 // Query rows attended together: bounds the score buffer to kQueryBlock * group * ctx.
 constexpr int kQueryBlock = 128;
 
+thread_local AttentionMassStats* g_mass_stats = nullptr;
+
+// Measurement only: what the int8 terms of one P row lose. p (n) the f32 softmax, vscale
+// the keys' V scales folded into the row, terms the row's int8 terms and their scales.
+void RecordMass(const float* p, const float* vscale, int n, std::span<const int8_t* const> q,
+                std::span<const float> qscale, AttentionMassStats& st) {
+  double l1 = 0, flushed = 0;
+  for (int t = 0; t < n; ++t) {
+    if (vscale[t] == 0.0f) continue;  // an all-zero value row: p_t multiplies nothing
+    double rep = 0;
+    bool zero = true;
+    for (size_t j = 0; j < q.size(); ++j) {
+      rep += static_cast<double>(q[j][t]) * qscale[j];
+      zero = zero && q[j][t] == 0;
+    }
+    rep /= vscale[t];
+    l1 += std::fabs(static_cast<double>(p[t]) - rep);
+    if (zero) flushed += p[t];
+  }
+  ++st.rows;
+  st.l1_sum += l1;
+  st.l1_max = std::max(st.l1_max, l1);
+  st.flushed_sum += flushed;
+  st.flushed_max = std::max(st.flushed_max, flushed);
+}
+
 // Causal attention of one layer for the batch, reading keys and values from the cache
 // (which already holds this batch's). q (n, n_heads * head_dim) after RoPE; att the same.
 // See docs/KERNELS.md "Attention and the KV cache" for why each step is batch-independent.
@@ -60,7 +86,7 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
   auto first_key = [&](int p) { return window > 0 ? std::max(0, p - window + 1) : 0; };
 
   std::vector<int8_t> qq, pq;
-  std::vector<float> qs, scores, scores_res, ps, out;
+  std::vector<float> qs, scores, scores_res, ps, out, prob;
   for (int b0 = 0; b0 < n; b0 += kQueryBlock) {
     const int bn = std::min(kQueryBlock, n - b0);
     const int rows = bn * group;
@@ -104,12 +130,18 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
         const float* s_res = &scores_res[static_cast<size_t>(r) * nk];
         for (int t = a; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
         ops::Softmax(s + a, e - a);
+        if (g_mass_stats) prob.assign(s + a, s + e);
         for (int t = a; t < e; ++t) s[t] = s[t] * vscale[t];
         // Invisible keys get exactly 0: they add nothing to the int32 sums below.
         std::fill(s, s + a, 0.0f);
         std::fill(s + e, s + nk, 0.0f);
         if (!kernels::QuantizeRow(s, nk, &pq[static_cast<size_t>(r) * nk], &ps[static_cast<size_t>(r)]))
           return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
+        if (g_mass_stats) {
+          const int8_t* terms[] = {&pq[static_cast<size_t>(r) * nk + static_cast<size_t>(a)]};
+          const float scales[] = {ps[static_cast<size_t>(r)]};
+          RecordMass(prob.data(), vscale + a, e - a, terms, scales, *g_mass_stats);
+        }
       }
       // out = P' . V: V^T (head_dim, ctx) per kv head is the weight, k = the keys
       const QMatrixView vview{cache.vt.data() + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
@@ -267,6 +299,8 @@ HiddenStates HiddenStates::Slice(int begin, int end) const {
                     values.begin() + static_cast<ptrdiff_t>(end) * hidden);
   return out;
 }
+
+void SetAttentionMassStats(AttentionMassStats* stats) { g_mass_stats = stats; }
 
 // --- KvCache --------------------------------------------------------------------------
 
