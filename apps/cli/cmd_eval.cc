@@ -288,10 +288,11 @@ int RunEval(const EvalCliOptions& o) {
                     100.0 * b["top1_agreement"].get<double>(), b["mean_kl"].get<double>(), b["max_kl"].get<double>());
     }
     if (o.attention_stats)
-      std::printf("attention rows %lld: probability moved by int8 P (L1) mean %.3g max %.3g; flushed to zero mean "
-                  "%.3g max %.3g\n",
-                  static_cast<long long>(mass.rows), mass.rows ? mass.l1_sum / static_cast<double>(mass.rows) : 0.0,
-                  mass.l1_max, mass.rows ? mass.flushed_sum / static_cast<double>(mass.rows) : 0.0, mass.flushed_max);
+      std::printf(
+          "attention rows %lld: probability moved by int8 P (L1) mean %.3g max %.3g; flushed to zero mean "
+          "%.3g max %.3g\n",
+          static_cast<long long>(mass.rows), mass.rows ? mass.l1_sum / static_cast<double>(mass.rows) : 0.0,
+          mass.l1_max, mass.rows ? mass.flushed_sum / static_cast<double>(mass.rows) : 0.0, mass.flushed_max);
     if (!o.dump_logits.empty())
       std::printf("logits: %s, float32 little-endian [%d, %d], row i predicts token i+1\n", o.dump_logits.c_str(),
                   positions, spec.vocab);

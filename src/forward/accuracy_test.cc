@@ -146,9 +146,10 @@ TEST(Accuracy, Stories260KEveryBlockAgainstFloat64) {
 
   const double moved = mass.l1_sum / static_cast<double>(mass.rows);
   const double flushed = mass.flushed_sum / static_cast<double>(mass.rows);
-  std::printf("attention rows %lld: probability moved by int8 P mean %.2e (max %.2e), flushed to zero mean %.2e "
-              "(max %.2e)\n",
-              static_cast<long long>(mass.rows), moved, mass.l1_max, flushed, mass.flushed_max);
+  std::printf(
+      "attention rows %lld: probability moved by int8 P mean %.2e (max %.2e), flushed to zero mean %.2e "
+      "(max %.2e)\n",
+      static_cast<long long>(mass.rows), moved, mass.l1_max, flushed, mass.flushed_max);
   EXPECT_EQ(mass.rows, int64_t{256 + 201 + 3 * 511} * 5 * 8);  // positions x layers x heads
   EXPECT_LE(moved, kMaxMeanMassMoved);
   EXPECT_LE(flushed, kMaxMeanMassFlushed);
@@ -182,9 +183,12 @@ class Float64Llama {
     for (int l = 0; l < s_.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       std::vector<double> xn = Norm(x, n, T(p + "input_layernorm.weight"));
-      std::vector<double> q = Linear(xn, n, h, T(p + "self_attn.q_proj.weight"), q_dim, Bias(p + "self_attn.q_proj.bias"));
-      std::vector<double> k = Linear(xn, n, h, T(p + "self_attn.k_proj.weight"), kv_dim, Bias(p + "self_attn.k_proj.bias"));
-      std::vector<double> v = Linear(xn, n, h, T(p + "self_attn.v_proj.weight"), kv_dim, Bias(p + "self_attn.v_proj.bias"));
+      std::vector<double> q =
+          Linear(xn, n, h, T(p + "self_attn.q_proj.weight"), q_dim, Bias(p + "self_attn.q_proj.bias"));
+      std::vector<double> k =
+          Linear(xn, n, h, T(p + "self_attn.k_proj.weight"), kv_dim, Bias(p + "self_attn.k_proj.bias"));
+      std::vector<double> v =
+          Linear(xn, n, h, T(p + "self_attn.v_proj.weight"), kv_dim, Bias(p + "self_attn.v_proj.bias"));
       for (int i = 0; i < n; ++i) {
         for (int hh = 0; hh < s_.n_heads; ++hh) Rope(&q[static_cast<size_t>(i) * q_dim + hh * hd], i, inv);
         for (int g = 0; g < s_.n_kv_heads; ++g) Rope(&k[static_cast<size_t>(i) * kv_dim + g * hd], i, inv);
@@ -379,9 +383,10 @@ TEST_P(LongContext, ErrorAt2048TokensVersus64) {
     return std::sqrt(num / den);
   };
   const double at64 = rel(0), at2048 = rel(kRows);
-  std::printf("%s (weight std %.2f): relative error of the final logits vs float64: %.4e at 64 tokens, %.4e at 2048 "
-              "(ratio %.3f, at most %.2f)\n",
-              c.preset.c_str(), c.weight_std, at64, at2048, at2048 / at64, c.max_ratio);
+  std::printf(
+      "%s (weight std %.2f): relative error of the final logits vs float64: %.4e at 64 tokens, %.4e at 2048 "
+      "(ratio %.3f, at most %.2f)\n",
+      c.preset.c_str(), c.weight_std, at64, at2048, at2048 / at64, c.max_ratio);
   EXPECT_GT(at64, 0.0);  // the engine is int8: equal to float64 would mean the comparison saw nothing
   EXPECT_LE(at2048, c.max_ratio * at64);
 }

@@ -288,8 +288,7 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
   std::vector<float> hb(static_cast<size_t>(n) * gu);
-  if (!Product(xb.data(), n, lw.gate_up.View(), hb.data()))
-    return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
+  if (!Product(xb.data(), n, lw.gate_up.View(), hb.data())) return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
   // SwiGLU: silu(gate) * up | GELU (tanh approximation)
   std::vector<float> act(static_cast<size_t>(n) * ffn);
   for (int i = 0; i < n; ++i) {
@@ -357,7 +356,9 @@ HiddenStates HiddenStates::Slice(int begin, int end) const {
   return out;
 }
 
-void SetAttentionMassStats(AttentionMassStats* stats) { g_mass_stats = stats; }
+void SetAttentionMassStats(AttentionMassStats* stats) {
+  g_mass_stats = stats;
+}
 
 // --- KvCache --------------------------------------------------------------------------
 
