@@ -184,15 +184,19 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
         ops::Softmax(s + a, e - a);
         if (g_mass_stats) prob.assign(s + a, s + e);
         for (int t = a; t < e; ++t) s[t] = s[t] * vscale[t];
-        // Invisible keys get exactly 0: they add nothing to the int32 sums below.
-        std::fill(s, s + a, 0.0f);
-        std::fill(s + e, s + nk, 0.0f);
         // p' as two int8 terms: what the first leaves below its half step (every key under
-        // max/254 when attention is spread thin) the second keeps, to about max/65000
+        // max/254 when attention is spread thin) the second keeps, to about max/65000.
+        // Quantized over the visible keys only: zeros change neither amax nor their own 0,
+        // so this gives the bits of quantizing the whole row with the invisible keys at 0.
         const size_t at = static_cast<size_t>(r) * nk;
-        if (!QuantizeTwoTerms(s, nk, &pq[at], &ps[static_cast<size_t>(r)], &pq2[at], &ps2[static_cast<size_t>(r)],
-                              s_res))
+        if (!QuantizeTwoTerms(s + a, e - a, &pq[at + static_cast<size_t>(a)], &ps[static_cast<size_t>(r)],
+                              &pq2[at + static_cast<size_t>(a)], &ps2[static_cast<size_t>(r)], s_res))
           return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
+        // Invisible keys get exactly 0 in both terms: they add nothing to the int32 sums below.
+        for (int8_t* t : {&pq[at], &pq2[at]}) {
+          std::fill(t, t + a, int8_t{0});
+          std::fill(t + e, t + nk, int8_t{0});
+        }
         if (g_mass_stats) {
           const int8_t* terms[] = {&pq[at + static_cast<size_t>(a)], &pq2[at + static_cast<size_t>(a)]};
           const float scales[] = {ps[static_cast<size_t>(r)], ps2[static_cast<size_t>(r)]};
