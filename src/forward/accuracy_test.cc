@@ -304,6 +304,11 @@ struct LongCase {
   double max_ratio;    // error at 2,048 tokens / error at 64, at most
 };
 
+// ctest lists the case by name, not by its bytes.
+void PrintTo(const LongCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
 class LongContext : public ::testing::TestWithParam<LongCase> {
  protected:
   void SetUp() override {

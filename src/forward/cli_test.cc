@@ -142,6 +142,44 @@ TEST_F(Cli, EvalDumpsTheEnginesLogits) {
   fs::remove_all(dir);
 }
 
+// The accuracy report: blocks of 128 positions against the float64 reference, the
+// attention statistics, and a reference whose log-probability file is cut short refused
+// with the sizes named.
+TEST_F(Cli, EvalReportsAccuracyAgainstAFloat64Reference) {
+  const fs::path ref = fs::path(std::getenv("DAISY_TESTDATA")) / "reference" / "stories260K" / "greedy_little_dog.json";
+  const Output r = RunCommand(Binary() + " eval --model " + Stories() + " --reference " + ref.string() +
+                              " --attention-stats --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["positions"], 201);
+  ASSERT_EQ(j["blocks"].size(), 2u);
+  EXPECT_EQ(j["blocks"][0]["begin"], 0);
+  EXPECT_EQ(j["blocks"][0]["end"], 128);
+  EXPECT_EQ(j["blocks"][1]["end"], 201);
+  for (const auto& b : j["blocks"]) {
+    EXPECT_GT(b["mean_kl"].get<double>(), 0.0);  // int8: never exactly float64
+    EXPECT_LE(b["mean_kl"].get<double>(), 1e-3);
+    EXPECT_GE(b["top1_agreement"].get<double>(), 0.9);
+  }
+  EXPECT_EQ(j["attention"]["rows"], 201 * 5 * 8);
+  EXPECT_LE(j["attention"]["flushed_mean"].get<double>(), 2e-4);
+  // The text form prints one line per block.
+  const Output t = RunCommand(Binary() + " eval --model " + Stories() + " --reference " + ref.string());
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  EXPECT_NE(t.out.find("   0-127 "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find(" 128-200 "), std::string::npos) << t.out;
+
+  const fs::path dir = fs::path(::testing::TempDir()) / ("daisy_eval_ref_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(ref, dir / "r.json");
+  std::ofstream(dir / "greedy_little_dog.logprob.f32", std::ios::binary) << std::string(100, '\0');
+  const Output bad =
+      RunCommand(Binary() + " eval --model " + Stories() + " --reference " + (dir / "r.json").string() + " 2>&1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("100 bytes, expected 411648"), std::string::npos) << bad.out;
+  fs::remove_all(dir);
+}
+
 TEST_F(Cli, BenchReportsThroughput) {
   const Output r = RunCommand(Binary() + " bench --json --kernel-seconds 0.02 --prompt-tokens 32 --decode-tokens 16");
   ASSERT_EQ(r.exit_code, 0) << r.out;
