@@ -276,7 +276,11 @@
     if (d.compute === false && !d.is_head) badges.append(el('span', { class: 'badge muted', text: 'no compute' }));
     card.dataset.status = status;
     q('.v-capacity').textContent = typeof d.gemms_per_s === 'number' ? fmtNum(d.gemms_per_s, d.gemms_per_s >= 100 ? 0 : 1) + ' GEMMs/s' : '—';
-    q('.v-backend').textContent = d.backend || '—';
+    // "avx2", or the choice per product shape: "gemv:avx2 gemm:avx512vnni attention:avx2"
+    const backend = q('.v-backend');
+    backend.textContent = d.backend ? String(d.backend).split(' ').map((p) => p.replace(':', ' ')).join(' · ') : '—';
+    if (d.backend && String(d.backend).includes(':')) backend.title = 'Backend chosen per product shape by measurement';
+    else backend.removeAttribute('title');
     q('.v-memory').textContent = fmtBytes(d.free_memory);
     const probe = q('.v-probe');
     probe.textContent = d.probe || 'unknown';
@@ -401,6 +405,8 @@
     renderModel(s.model);
     renderPlan(s.plan);
     updateGenerateEnabled();
+    // The chat (chat.js) follows the model and the ring from here.
+    document.dispatchEvent(new CustomEvent('daisy:state', { detail: s }));
   }
 
   async function refreshState() {
@@ -799,7 +805,7 @@
   });
 
   // For tests and debugging.
-  window.daisy = { SSEParser, ui };
+  window.daisy = { SSEParser, ui, el, parseData, errorOf, readSettings, logStatus, fmtMs, fmtNum, layersText };
 
   refreshState();
   connectEvents();

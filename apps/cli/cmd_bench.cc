@@ -2,11 +2,13 @@
 // GEMM, GOP/s) for every backend that is supported and passed its gate, then prefill and
 // decode tokens per second of a whole model through the live backend (default: the bundled
 // stories260K; any folder with --model, e.g. one made by tools/make_model), peak memory and
-// the probe hash.
+// the probe hash. The figures of docs/KERNELS.md "Speed" (bandwidth ceiling, kernel ratio,
+// peak RSS budget) come from the same run, so one machine's load affects them alike.
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -45,6 +47,65 @@ uint64_t PeakMemoryBytes() {
   return static_cast<uint64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+// Linux: "5" in /proc/self/clear_refs resets the peak resident set (VmHWM), so the peak of a
+// generation excludes what the kernel measurements allocated before it.
+bool ResetPeakRss() {
+  FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+// VmHWM from /proc/self/status (bytes), else the process-lifetime peak.
+uint64_t PeakRssBytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f != nullptr) {
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (std::fgets(line, sizeof line, f) != nullptr)
+      if (std::sscanf(line, "VmHWM: %llu kB", &kb) == 1) found = true;
+    std::fclose(f);
+    if (found) return static_cast<uint64_t>(kb) * 1024;
+  }
+  return PeakMemoryBytes();
+}
+
+// Bytes a decode step reads: every layer's resident weights, the final norm and LM head, one
+// embedding row, and the KV cache up to `position` (k, its residual and v: one int8 each per
+// head_dim, plus three f32 scales, per kv head and position).
+double DecodeBytesPerToken(const StageWeights& w, double position) {
+  const ModelSpec& s = w.spec();
+  double b = 0;
+  for (int l = w.first(); l < w.end(); ++l) b += static_cast<double>(w.layer(l).Bytes());
+  const HeadWeights& h = w.head();
+  b += static_cast<double>(h.lm_head.Bytes()) + 4.0 * static_cast<double>(h.final_norm.size());
+  b += static_cast<double>(h.embed.Bytes()) / std::max(1, s.vocab);
+  b += static_cast<double>(w.end() - w.first()) * s.n_kv_heads * position * (3.0 * s.head_dim + 12.0);
+  return b;
+}
+
+// Useful operations of a prefill of n tokens from position 0: 2 per multiply-add of every
+// weight product (every row), attention's Q.K and P.V over the visible keys (2 * head_dim
+// per key each, per query head), and the LM head for the last row only.
+double PrefillOps(const StageWeights& w, int n) {
+  const ModelSpec& s = w.spec();
+  double macs_per_row = 0;
+  for (int l = w.first(); l < w.end(); ++l) {
+    const LayerWeights& lw = w.layer(l);
+    for (const kernels::QuantizedMatrix* m : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down})
+      macs_per_row += static_cast<double>(m->n) * m->k;
+  }
+  double keys = 0;  // visible keys summed over the queries (causal, window where set)
+  for (int l = w.first(); l < w.end(); ++l) {
+    const int window = w.layer(l).sliding_window ? s.sliding_window : 0;
+    for (int i = 0; i < n; ++i) keys += window > 0 ? std::min(i + 1, window) : i + 1;
+  }
+  const double attention = 2.0 * 2.0 * s.head_dim * s.n_heads * keys;
+  const double head = 2.0 * static_cast<double>(w.head().lm_head.n) * w.head().lm_head.k;
+  return 2.0 * macs_per_row * n + attention + head;
+}
+
 // The bundled model: $DAISY_MODELS/stories260K, else models/stories260K in a folder above
 // the executable (a build tree inside the checkout), else under the working directory.
 std::string BundledModel() {
@@ -67,12 +128,12 @@ int RunBench(const BenchCliOptions& o) {
   if (o.threads > 0) kernels::SetThreads(o.threads);
   const std::string model = o.model.empty() ? BundledModel() : o.model;
   if (model.empty()) return ReportError("the bundled stories260K was not found (set DAISY_MODELS or pass --model)");
+  // The per-shape backend choice (measured or read from DAISY_HOME), before the peak RSS of
+  // the generation is tracked: its buffers are a one-off of the first start on this CPU.
+  const kernels::BackendChoice choice = kernels::ActiveChoice();
+  const bool rss_reset = ResetPeakRss();
 
-  // kernels, every backend that may run here
-  if (!o.json) std::fprintf(stderr, "measuring kernels...\n");
-  const auto kernels_tp = kernels::MeasureKernelThroughput(o.kernel_seconds);
-
-  // the model through the live backend
+  // the model through the live backends
   auto src = OpenSourceForCli(model, !o.no_cache);
   if (!src.ok()) return ReportError(src.status().ToString());
   auto info = LoadModelInfo(**src);
@@ -84,10 +145,14 @@ int RunBench(const BenchCliOptions& o) {
   auto pipeline = LocalPipeline::Load(**src, *info, std::vector<int>{spec.n_layers}, ctx);
   if (!pipeline.ok()) return ReportError(pipeline.status().ToString());
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  const StageWeights& weights = pipeline->weights(0);
   // A fixed, spread-out prompt (no tokenizer needed): ids cycle through the vocabulary.
-  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
-  for (int i = 0; i < n_prompt; ++i)
-    prompt[static_cast<size_t>(i)] = static_cast<int32_t>((1 + 7919LL * i) % spec.vocab);
+  auto make_prompt = [&](int n) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((1 + 7919LL * i) % spec.vocab);
+    return p;
+  };
+  const std::vector<int32_t> prompt = make_prompt(n_prompt);
   GenerateOptions g;
   g.max_tokens = o.decode_tokens;  // no stop ids: always the full count
   Generator gen(pipeline->head());
@@ -97,16 +162,53 @@ int RunBench(const BenchCliOptions& o) {
     return ReportError(w.status().ToString());
   auto r = gen.Generate(prompt, g);
   if (!r.ok()) return ReportError(r.status().ToString());
+  const uint64_t peak_rss = PeakRssBytes();
+  const uint64_t rss_budget = pipeline->WeightBytes() + pipeline->CacheBytes() + (uint64_t{64} << 20);
   const double prefill_tps = r->prefill_seconds > 0 ? r->prefill_tokens / r->prefill_seconds : 0;
   const double decode_tps = r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0;
-  const uint64_t peak = PeakMemoryBytes();
+  const double bytes_per_token = DecodeBytesPerToken(weights, n_prompt + 0.5 * o.decode_tokens);
+
+  // prefill of 64 and 512 tokens (as many as the context allows), from position 0
+  auto prefill = [&](int n, double* tps, double* gops) -> Status {
+    n = std::max(1, std::min(n, ctx - 1));
+    GenerateOptions p;
+    p.max_tokens = 0;
+    const std::vector<int32_t> ids = make_prompt(n);
+    DAISY_ASSIGN_OR_RETURN(GenerateResult pr, gen.Generate(ids, p));
+    *tps = pr.prefill_seconds > 0 ? n / pr.prefill_seconds : 0;
+    *gops = pr.prefill_seconds > 0 ? PrefillOps(weights, n) / pr.prefill_seconds * 1e-9 : 0;
+    return Status::Ok();
+  };
+  double prefill64_tps = 0, prefill64_gops = 0, prefill512_tps = 0, prefill512_gops = 0;
+  if (Status st = prefill(64, &prefill64_tps, &prefill64_gops); !st.ok()) return ReportError(st.ToString());
+  if (Status st = prefill(512, &prefill512_tps, &prefill512_gops); !st.ok()) return ReportError(st.ToString());
+  const int prefill512_tokens = std::max(1, std::min(512, ctx - 1));
+
+  // the ceilings, measured in the same run: read bandwidth and every gated backend's kernels
+  if (!o.json) std::fprintf(stderr, "measuring read bandwidth and kernels...\n");
+  const double read_gbps = kernels::MeasureReadBandwidth(o.kernel_seconds);
+  const auto kernels_tp = kernels::MeasureKernelThroughput(o.kernel_seconds);
+  double gemm_gops = 0;
+  for (const auto& k : kernels_tp)
+    if (k.backend == choice.For(kernels::ProductShape::kGemm)) gemm_gops = k.gemm_gops;
+  const double ceiling_tps = read_gbps * 1e9 / bytes_per_token;
+  const double bandwidth_ratio = ceiling_tps > 0 ? decode_tps / ceiling_tps : 0;
+  const double kernel_ratio = gemm_gops > 0 ? prefill512_gops / gemm_gops : 0;
+
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016" PRIx64, kernels::ProbeHash());
   const std::string backend(kernels::BackendName(kernels::ActiveBackend()));
+  const std::string summary = kernels::BackendChoiceSummary();
 
   if (o.json) {
     nlohmann::ordered_json j;
     j["backend"] = backend;
+    nlohmann::ordered_json bc;
+    for (kernels::ProductShape s :
+         {kernels::ProductShape::kGemv, kernels::ProductShape::kGemm, kernels::ProductShape::kAttention})
+      bc[std::string(kernels::ProductShapeName(s))] = std::string(kernels::BackendName(choice.For(s)));
+    bc["source"] = choice.source;
+    j["backend_choice"] = bc;
     j["threads"] = kernels::Threads();
     j["probe_hash"] = hash;
     nlohmann::ordered_json ks = nlohmann::ordered_json::array();
@@ -119,23 +221,42 @@ int RunBench(const BenchCliOptions& o) {
     j["model"] = (*src)->Describe();
     j["layers"] = spec.n_layers;
     j["weight_bytes"] = pipeline->WeightBytes();
+    j["kv_cache_bytes"] = pipeline->CacheBytes();
     j["load_seconds"] = load_seconds;
     j["prefill_tokens"] = r->prefill_tokens;
     j["prefill_tokens_per_s"] = prefill_tps;
     j["decode_tokens"] = r->decode_steps;
     j["decode_tokens_per_s"] = decode_tps;
-    j["peak_memory_bytes"] = peak;
+    j["read_bandwidth_gbps"] = read_gbps;
+    j["decode_bytes_per_token"] = bytes_per_token;
+    j["decode_bandwidth_ratio"] = bandwidth_ratio;
+    j["gemm_gops"] = gemm_gops;
+    j["prefill64_tokens_per_s"] = prefill64_tps;
+    j["prefill512_tokens"] = prefill512_tokens;
+    j["prefill512_tokens_per_s"] = prefill512_tps;
+    j["prefill512_gops"] = prefill512_gops;
+    j["prefill_kernel_ratio"] = kernel_ratio;
+    j["peak_rss_bytes"] = peak_rss;
+    j["rss_budget_bytes"] = rss_budget;
+    j["peak_rss_since_start"] = !rss_reset;
+    j["peak_memory_bytes"] = PeakMemoryBytes();
     std::printf("%s\n", j.dump().c_str());
   } else {
+    std::printf("backend per product shape (%s): %s\n", choice.source.c_str(), summary.c_str());
     std::printf("kernels (threads %d):\n", kernels::Threads());
     for (const auto& k : kernels_tp)
       std::printf("  %-11s GEMV %8.1f GOP/s (%6.1f GB/s of weights)   GEMM %8.1f GOP/s\n",
                   std::string(kernels::BackendName(k.backend)).c_str(), k.gemv_gops, k.gemv_gbps, k.gemm_gops);
-    std::printf("model %s (%d layers, %.2f MB resident) on %s:\n", (*src)->Describe().c_str(), spec.n_layers,
-                static_cast<double>(pipeline->WeightBytes()) / 1e6, backend.c_str());
+    std::printf("read bandwidth %.1f GB/s\n", read_gbps);
+    std::printf("model %s (%d layers, %.2f MB resident):\n", (*src)->Describe().c_str(), spec.n_layers,
+                static_cast<double>(pipeline->WeightBytes()) / 1e6);
     std::printf("  prefill %d tokens: %.1f tok/s\n", r->prefill_tokens, prefill_tps);
-    std::printf("  decode  %d tokens: %.1f tok/s\n", r->decode_steps, decode_tps);
-    std::printf("peak memory %.1f MB, probe hash %s\n", static_cast<double>(peak) / 1e6, hash);
+    std::printf("  prefill 64 tokens: %.1f tok/s; %d tokens: %.1f tok/s = %.1f GOP/s, %.0f%% of the GEMM's %.1f\n",
+                prefill64_tps, prefill512_tokens, prefill512_tps, prefill512_gops, 100 * kernel_ratio, gemm_gops);
+    std::printf("  decode  %d tokens: %.1f tok/s; %.2f MB read per token: ceiling %.1f tok/s, reached %.0f%%\n",
+                r->decode_steps, decode_tps, bytes_per_token / 1e6, ceiling_tps, 100 * bandwidth_ratio);
+    std::printf("peak RSS of the generation %.1f MB (budget %.1f MB: weights + KV cache + 64 MiB), probe hash %s\n",
+                static_cast<double>(peak_rss) / 1e6, static_cast<double>(rss_budget) / 1e6, hash);
   }
   return 0;
 }

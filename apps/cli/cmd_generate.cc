@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
@@ -94,8 +95,10 @@ int RunGenerate(const GenerateCliOptions& o) {
   g.stop_ids.insert(g.stop_ids.begin(), spec.eos_ids.begin(), spec.eos_ids.end());
   if (Status st = ValidateSamplingParams(g.sampling); !st.ok()) return ReportError(st.ToString());
 
+  const auto load_start = std::chrono::steady_clock::now();
   auto pipeline = LocalPipeline::Load(**src, *info, std::vector<int>{spec.n_layers}, ctx);
   if (!pipeline.ok()) return ReportError(pipeline.status().ToString());
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   if (o.verbose) {
     PrintBackendReport();
     std::fprintf(stderr, "model: %s, %d layers, weights %.2f MB resident, context %d\n", (*src)->Describe().c_str(),
@@ -133,6 +136,7 @@ int RunGenerate(const GenerateCliOptions& o) {
     j["finish_reason"] = std::string(FinishReasonName(r->finish_reason));
     if (r->stop_id) j["stop_id"] = *r->stop_id;
     j["backend"] = backend;
+    j["load_seconds"] = load_seconds;  // fetching and converting the weights
     j["threads"] = kernels::Threads();
     j["ctx"] = ctx;
     j["prefill_tokens"] = r->prefill_tokens;

@@ -15,6 +15,10 @@ namespace daisy::detmath {
 // Correct 0 below -103.97 (subnormal results are produced, rounded once), +inf above
 // ln(FLT_MAX); Exp(-inf) = 0, Exp(+inf) = +inf.
 float Exp(float x);
+// Exp of n values in place: x[i] = Exp(x[i]), the same bits lane by lane. Written without
+// branches (both paths computed, then selected) so the compiler vectorizes it with the
+// baseline ISA: softmax and SiLU call it on whole rows.
+void ExpN(float* x, int n);
 // tanh(x) over all floats; +-1 for |x| >= 10, x itself for tiny |x|.
 float Tanh(float x);
 // Sin and Cos of a float argument (RoPE angles reach ~1e6 rad for long contexts, so the

@@ -203,6 +203,19 @@ class KvCache {
   std::vector<Layer> layers_;
 };
 
+// Measurement only (daisychain eval --attention-stats): how much of each attention row's
+// probability the int8 form of P loses. For every (query position, head) row, with p_t the
+// f32 softmax and q_t what the int8 terms of P represent (dequantized, V's scale divided
+// back out): l1 = sum_t |p_t - q_t| (the mass moved) and flushed = the sum of p_t over the
+// keys whose int8 terms are all zero (the mass that vanished outright). Collected on the
+// calling thread while a pointer is set; nullptr (the default) turns it off.
+struct AttentionMassStats {
+  int64_t rows = 0;
+  double l1_sum = 0, l1_max = 0;            // sum_t |p_t - q_t|
+  double flushed_sum = 0, flushed_max = 0;  // sum of p_t over keys represented by 0
+};
+void SetAttentionMassStats(AttentionMassStats* stats);
+
 // The head's first step: embedding rows (+ learned positions) of tokens at positions
 // first_position, first_position + 1, ... Refuses ids outside the vocabulary.
 Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> tokens, int first_position);

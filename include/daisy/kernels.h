@@ -60,6 +60,14 @@ struct QuantizedMatrix {
 Result<QuantizedMatrix> QuantizeMatrix(std::span<const float> w, int n, int k, std::span<const float> bias,
                                        std::string_view what);
 
+// The product shapes whose backend is chosen separately (each backend gives the same bits,
+// so the choice is free and only speed differs): kGemv, one activation row against a weight
+// matrix (decode: streams the weights from memory); kGemm, several rows (prefill: compute-
+// bound); kAttention, attention's Q.K and P.V against the KV cache (small k or n).
+enum class ProductShape : uint8_t { kGemv = 0, kGemm = 1, kAttention = 2 };
+inline constexpr int kProductShapes = 3;
+std::string_view ProductShapeName(ProductShape shape);
+
 // y (m, n) with row stride ldy:
 //   acc = sum_t xq[i][t] * w.q[j][t]                      (exact, int32)
 //   y[i][j] = float(acc) * (xscale[i] * wscale[j])          (wscale 1.0f when w.scale null)
@@ -67,7 +75,11 @@ Result<QuantizedMatrix> QuantizeMatrix(std::span<const float> w, int n, int k, s
 // xq rows have stride ldx. Uses the active backend and the configured threads; the bits do
 // not depend on either. Contract: every int8 value is in [-127, 127] (what QuantizeRow
 // produces) and 0 <= w.k <= kMaxK; a larger k is a bug and aborts ("Bug: ...").
+// The shape is kGemv when m == 1, else kGemm.
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy);
+// The same product through the backend chosen for `shape` (same bits whatever the shape).
+void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
+             ProductShape shape);
 
 // Quantizes each of the m rows of x (m, k) and multiplies: y (m, n) = x . w^T.
 // Returns false when x holds a non-finite value (nothing is written then).
@@ -84,8 +96,25 @@ struct BackendStatus {
   std::string reason;        // why not supported / why demoted
 };
 std::vector<BackendStatus> BackendReport();
+// The backend each product shape uses. At start-up every backend that passed its gate is
+// timed on one product of each shape (single thread, a fraction of a second) and the fastest
+// is chosen per shape; the timings are cached per CPU model and kernel version in
+// DAISY_HOME/kernels-choice-<cpu hash>.json (a corrupt or stale file is ignored with a log
+// line and rewritten). DAISY_KERNELS or SetBackend forces one backend for every shape. A backend that
+// failed its gate is never chosen.
+struct BackendChoice {
+  Backend shape[kProductShapes] = {Backend::kScalar, Backend::kScalar, Backend::kScalar};
+  std::string source;  // "measured", "cache", "DAISY_KERNELS", "SetBackend", "only scalar"
+  Backend For(ProductShape s) const { return shape[static_cast<int>(s)]; }
+};
+BackendChoice ActiveChoice();
+// One line for logs, the hello and the UI (at most 64 bytes): "avx2" when every shape uses
+// the same backend, else "gemv:avx2 gemm:avx512vnni attention:avx2".
+std::string BackendChoiceSummary();
+// The decode GEMV's backend (ActiveChoice().For(kGemv)): what capacity and the probe run on.
 Backend ActiveBackend();
-// Forces a backend (tests, DAISY_KERNELS). Fails if unsupported or it failed its gate.
+// Forces a backend for every shape (tests, DAISY_KERNELS). Fails if unsupported or it failed
+// its gate.
 Status SetBackend(Backend backend);
 // Threads used over output columns (default: all cores), from a persistent pool; each output
 // cell is computed whole by one thread, so the bits do not depend on the count.
@@ -135,6 +164,16 @@ struct KernelThroughput {
   double gemm_gops = 0.0;
 };
 std::vector<KernelThroughput> MeasureKernelThroughput(double seconds_per_case);
+
+// Memory read bandwidth in GB/s with the configured threads: every thread sums its share of
+// a 256 MiB buffer (far larger than the caches), best pass of those run in about `seconds`.
+// The ceiling a decode GEMV streaming its weights can approach.
+double MeasureReadBandwidth(double seconds);
+
+// Runs fn(ctx, t) for every t in [0, n_tasks) on the kernels' thread pool (the caller
+// works too) and returns when all are done. What a task computes must not depend on which
+// thread runs it. With one thread, or n_tasks <= 1, runs them in order on the caller.
+void ParallelFor(int n_tasks, void (*fn)(void* ctx, int task), void* ctx);
 
 // Capacity for the ring planner: reference products per second through the live backend and
 // threads. The reference product is decode-shaped: m = 1, n = 4096, k = 4096 (16 MiB of int8

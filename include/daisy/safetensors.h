@@ -111,6 +111,8 @@ std::vector<ByteRange> CoalesceRanges(std::vector<ByteRange> ranges, uint64_t ma
 // each at most kTensorBlockBytes of f32 (but at least one row); a tensor with no elements
 // comes as one empty block.
 inline constexpr uint64_t kTensorBlockBytes = 4u << 20;
+// How far the download may run ahead of the conversion (bytes held in between).
+inline constexpr uint64_t kPrefetchBytes = 8u << 20;
 struct TensorBlock {
   const TensorInfo* info = nullptr;
   int64_t rows = 0;  // of the whole tensor
@@ -127,9 +129,12 @@ using TensorBlockSink = std::function<Status(const TensorBlock& block)>;
 // Fetches the named tensors with few requests (one per coalesced range; the gap merged is
 // at most max_gap and at most 1% of the bytes wanted from that file, so the bytes fetched
 // stay within 1% of the tensors' bytes) and hands them to `sink` block by block as the
-// bytes arrive, tensors in file-offset order. Memory is one read chunk plus one block
-// (raw and f32), whatever the size of a tensor or a file: a caller that converts each
-// block to its resident form never holds a whole tensor at any width. `progress`
+// bytes arrive, tensors in file-offset order. The bytes are read on a thread of their own,
+// up to kPrefetchBytes ahead of the sink, so downloading the next range overlaps
+// converting this one; `sink` and `progress` run on the calling thread. Memory is one read
+// chunk, the bytes read ahead, and one block (raw and f32), whatever the size of a tensor
+// or a file: a caller that converts each block to its resident form never holds a whole
+// tensor at any width. The source is used only by the reader thread while this runs. `progress`
 // (optional) sees the bytes consumed over all ranges after every read chunk and every
 // block (so at least once per tensor, and while a big tensor is being converted).
 Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const std::vector<std::string>& names,

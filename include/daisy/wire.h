@@ -37,7 +37,10 @@ enum class Tag : int32_t {
   kHopReceipt = -36,
 };
 
-inline constexpr uint16_t kProtocolVersion = 5;     // 5: peak RSS in ready and stage_stats; 4: BLAKE2b audit digests
+// 5: peak RSS in ready and stage_stats; the forward's numerics changed (two-term P,
+// two-term narrow activations): members of different arithmetic would disagree on every
+// activation, so they must not share a ring. 4: BLAKE2b audit digests, hop receipts.
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kMaxString = 1024;          // any string field
 inline constexpr size_t kMaxStages = 256;
 inline constexpr size_t kMaxFrameBytes = 256u << 20; // an activation of a long prefill chunk fits

@@ -158,6 +158,28 @@ TEST_F(Cli, BenchReportsThroughput) {
   EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0);
   EXPECT_EQ(j["probe_hash"].get<std::string>().size(), 16u);
   EXPECT_GT(j["peak_memory_bytes"].get<double>(), 0);
+  // Issue 13, item 8: the figures under their names, consistent with each other.
+  for (const char* k : {"read_bandwidth_gbps", "decode_bytes_per_token", "decode_bandwidth_ratio", "gemm_gops",
+                        "prefill512_tokens_per_s", "prefill_kernel_ratio", "peak_rss_bytes", "rss_budget_bytes"}) {
+    ASSERT_TRUE(j.contains(k) && j[k].is_number()) << k << " missing from " << r.out;
+    EXPECT_GT(j[k].get<double>(), 0) << k;
+  }
+  const double ceiling = j["read_bandwidth_gbps"].get<double>() * 1e9 / j["decode_bytes_per_token"].get<double>();
+  EXPECT_NEAR(j["decode_bandwidth_ratio"].get<double>(), j["decode_tokens_per_s"].get<double>() / ceiling,
+              1e-9 * j["decode_bandwidth_ratio"].get<double>() + 1e-12);
+  // stories260K: the budget is its weights + KV cache + 64 MiB
+  EXPECT_EQ(j["rss_budget_bytes"].get<uint64_t>(),
+            j["weight_bytes"].get<uint64_t>() + j["kv_cache_bytes"].get<uint64_t>() + (uint64_t{64} << 20));
+  const auto& choice = j["backend_choice"];
+  ASSERT_TRUE(choice.is_object()) << r.out;
+  for (const char* shape : {"gemv", "gemm", "attention"}) {
+    ASSERT_TRUE(choice.contains(shape)) << shape;
+    const std::string b = choice[shape].get<std::string>();
+    bool listed = false;  // a backend whose kernels were measured, i.e. one that passed its gate
+    for (const auto& k : j["kernels"]) listed = listed || k["backend"] == b;
+    EXPECT_TRUE(listed) << shape << " uses " << b;
+  }
+  EXPECT_EQ(j["backend"], choice["gemv"]);
 }
 
 // Issue 11, item 10: `inspect` on a folder where a model file is a FIFO used to block in

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "daisy/detmath.h"
 #include "ops.h"
 
 namespace daisy {
@@ -43,8 +44,86 @@ void Norm(const ModelSpec& spec, const float* x, const std::vector<float>& w, co
     ops::RmsNorm(x, w.data(), spec.hidden, spec.norm_eps, out);
 }
 
+// x (k) as two int8 terms, x ~= s1 * q1 + s2 * q2: (q1, s1) = QuantizeRow(x), then the
+// residual r[d] = x[d] - float(q1[d]) * s1 (one multiply, one subtract, no FMA) quantized
+// the same way, so s2 <= s1 / 254 (up to rounding): about 15 bits instead of 8. Every step
+// is a function of this one row. r is scratch (k). False on a non-finite input.
+bool QuantizeTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r) {
+  if (!kernels::QuantizeRow(x, k, q1, s1)) return false;
+  const float scale = *s1;
+  for (int d = 0; d < k; ++d) r[d] = x[d] - static_cast<float>(q1[d]) * scale;
+  return kernels::QuantizeRow(r, k, q2, s2);
+}
+
+// y (m, w.n) = x (m, w.k) . w^T with each row of x as two int8 terms (QuantizeTwoTerms):
+// both terms go through the same verified product as one stacked batch of 2m rows (the
+// weights are read once), without the bias, and are combined per output in one fixed
+// order: y = (y1 + y2) + bias. Every step is per row, so batching changes nothing. False
+// on a non-finite input (nothing is written then).
+bool MatMulTwoTerm(const float* x, int m, const QMatrixView& w, float* y) {
+  // Reused per thread, as in kernels::MatMul: decode calls this for every product.
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs, r, y2;
+  const size_t k = static_cast<size_t>(w.k), mm = static_cast<size_t>(m), n = static_cast<size_t>(w.n);
+  xq.resize(2 * mm * k);
+  xs.resize(2 * mm);
+  r.resize(k);
+  y2.resize(2 * mm * n);
+  for (size_t i = 0; i < mm; ++i)
+    if (!QuantizeTwoTerms(x + i * k, w.k, &xq[i * k], &xs[i], &xq[(mm + i) * k], &xs[mm + i], r.data())) return false;
+  QMatrixView nobias = w;
+  nobias.bias = nullptr;
+  // Decode's row is still a GEMV in kind (its two terms are two rows): the backend chosen
+  // for GEMVs runs it. The bits are the same whichever runs it.
+  kernels::MatMulQ(xq.data(), xs.data(), 2 * m, k, nobias, y2.data(), n,
+                   m == 1 ? kernels::ProductShape::kGemv : kernels::ProductShape::kGemm);
+  for (size_t i = 0; i < mm; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      float v = y2[i * n + j] + y2[(mm + i) * n + j];
+      if (w.bias) v = v + w.bias[j];
+      y[i * n + j] = v;
+    }
+  return true;
+}
+
+// Every projection, MLP and LM-head product of the forward pass goes through here: the one
+// place that says how an activation row enters a product (docs/KERNELS.md, "Activations:
+// one int8 term or two"). Rows of at most kTwoTermMaxK values enter as two int8 terms;
+// wider rows as one (kernels::MatMul). A function of the product's shape only, so every
+// device and every split makes the same choice.
+constexpr int kTwoTermMaxK = 256;
+bool Product(const float* x, int m, const QMatrixView& w, float* y) {
+  return w.k <= kTwoTermMaxK ? MatMulTwoTerm(x, m, w, y) : kernels::MatMul(x, m, w, y);
+}
+
 // Query rows attended together: bounds the score buffer to kQueryBlock * group * ctx.
 constexpr int kQueryBlock = 128;
+
+thread_local AttentionMassStats* g_mass_stats = nullptr;
+
+// Measurement only: what the int8 terms of one P row lose. p (n) the f32 softmax, vscale
+// the keys' V scales folded into the row, terms the row's int8 terms and their scales.
+void RecordMass(const float* p, const float* vscale, int n, std::span<const int8_t* const> q,
+                std::span<const float> qscale, AttentionMassStats& st) {
+  double l1 = 0, flushed = 0;
+  for (int t = 0; t < n; ++t) {
+    if (vscale[t] == 0.0f) continue;  // an all-zero value row: p_t multiplies nothing
+    double rep = 0;
+    bool zero = true;
+    for (size_t j = 0; j < q.size(); ++j) {
+      rep += static_cast<double>(q[j][t]) * qscale[j];
+      zero = zero && q[j][t] == 0;
+    }
+    rep /= vscale[t];
+    l1 += std::fabs(static_cast<double>(p[t]) - rep);
+    if (zero) flushed += p[t];
+  }
+  ++st.rows;
+  st.l1_sum += l1;
+  st.l1_max = std::max(st.l1_max, l1);
+  st.flushed_sum += flushed;
+  st.flushed_max = std::max(st.flushed_max, flushed);
+}
 
 // Causal attention of one layer for the batch, reading keys and values from the cache
 // (which already holds this batch's). q (n, n_heads * head_dim) after RoPE; att the same.
@@ -59,8 +138,8 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
   // Keys visible to the query at position p: [first_key(p), p].
   auto first_key = [&](int p) { return window > 0 ? std::max(0, p - window + 1) : 0; };
 
-  std::vector<int8_t> qq, pq;
-  std::vector<float> qs, scores, scores_res, ps, out;
+  std::vector<int8_t> qq, pq, pq2;
+  std::vector<float> qs, scores, scores_res, ps, ps2, out, out2, prob;
   for (int b0 = 0; b0 < n; b0 += kQueryBlock) {
     const int bn = std::min(kQueryBlock, n - b0);
     const int rows = bn * group;
@@ -71,8 +150,11 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
     scores.resize(static_cast<size_t>(rows) * nk);
     scores_res.resize(static_cast<size_t>(rows) * nk);
     pq.resize(static_cast<size_t>(rows) * nk);
+    pq2.resize(static_cast<size_t>(rows) * nk);
     ps.resize(static_cast<size_t>(rows));
+    ps2.resize(static_cast<size_t>(rows));
     out.resize(static_cast<size_t>(rows) * hd);
+    out2.resize(static_cast<size_t>(rows) * hd);
     for (int g = 0; g < spec.n_kv_heads; ++g) {
       // Q rows quantized per (query position, head); query head h uses kv head h / group
       for (int i = 0; i < bn; ++i)
@@ -91,9 +173,9 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
       const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, nk, hd,
                                   static_cast<size_t>(hd)};
       kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kview, scores.data(),
-                       static_cast<size_t>(nk));
+                       static_cast<size_t>(nk), kernels::ProductShape::kAttention);
       kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
-                       static_cast<size_t>(nk));
+                       static_cast<size_t>(nk), kernels::ProductShape::kAttention);
       // softmax over the visible keys in f32, in key order; fold V's scales into p
       const float* vscale = cache.v_scale.data() + kbase;
       for (int r = 0; r < rows; ++r) {
@@ -101,15 +183,29 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
         const int a = first_key(p) - k0;
         const int e = p + 1 - k0;
         float* s = &scores[static_cast<size_t>(r) * nk];
-        const float* s_res = &scores_res[static_cast<size_t>(r) * nk];
+        float* s_res = &scores_res[static_cast<size_t>(r) * nk];
         for (int t = a; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
         ops::Softmax(s + a, e - a);
+        if (g_mass_stats) prob.assign(s + a, s + e);
         for (int t = a; t < e; ++t) s[t] = s[t] * vscale[t];
-        // Invisible keys get exactly 0: they add nothing to the int32 sums below.
-        std::fill(s, s + a, 0.0f);
-        std::fill(s + e, s + nk, 0.0f);
-        if (!kernels::QuantizeRow(s, nk, &pq[static_cast<size_t>(r) * nk], &ps[static_cast<size_t>(r)]))
+        // p' as two int8 terms: what the first leaves below its half step (every key under
+        // max/254 when attention is spread thin) the second keeps, to about max/65000.
+        // Quantized over the visible keys only: zeros change neither amax nor their own 0,
+        // so this gives the bits of quantizing the whole row with the invisible keys at 0.
+        const size_t at = static_cast<size_t>(r) * nk;
+        if (!QuantizeTwoTerms(s + a, e - a, &pq[at + static_cast<size_t>(a)], &ps[static_cast<size_t>(r)],
+                              &pq2[at + static_cast<size_t>(a)], &ps2[static_cast<size_t>(r)], s_res))
           return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
+        // Invisible keys get exactly 0 in both terms: they add nothing to the int32 sums below.
+        for (int8_t* t : {&pq[at], &pq2[at]}) {
+          std::fill(t, t + a, int8_t{0});
+          std::fill(t + e, t + nk, int8_t{0});
+        }
+        if (g_mass_stats) {
+          const int8_t* terms[] = {&pq[at + static_cast<size_t>(a)], &pq2[at + static_cast<size_t>(a)]};
+          const float scales[] = {ps[static_cast<size_t>(r)], ps2[static_cast<size_t>(r)]};
+          RecordMass(prob.data(), vscale + a, e - a, terms, scales, *g_mass_stats);
+        }
       }
       // out = P' . V: V^T (head_dim, ctx) per kv head is the weight, k = the keys
       const QMatrixView vview{cache.vt.data() + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
@@ -118,14 +214,65 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
                               hd,
                               nk,
                               static_cast<size_t>(ctx)};
-      kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(), static_cast<size_t>(hd));
+      kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(), static_cast<size_t>(hd),
+                       kernels::ProductShape::kAttention);
+      kernels::MatMulQ(pq2.data(), ps2.data(), rows, static_cast<size_t>(nk), vview, out2.data(),
+                       static_cast<size_t>(hd), kernels::ProductShape::kAttention);
+      // o = (first term's product) + (second term's), one f32 add in this order
       for (int i = 0; i < bn; ++i)
-        for (int j = 0; j < group; ++j)
-          std::memcpy(att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>(g * group + j) * hd,
-                      &out[static_cast<size_t>(i * group + j) * hd], sizeof(float) * static_cast<size_t>(hd));
+        for (int j = 0; j < group; ++j) {
+          float* dst = att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>(g * group + j) * hd;
+          const size_t src = static_cast<size_t>(i * group + j) * hd;
+          for (int d = 0; d < hd; ++d) dst[d] = out[src + static_cast<size_t>(d)] + out2[src + static_cast<size_t>(d)];
+        }
     }
   }
   return Status::Ok();
+}
+
+// The MLP's activation for n rows: act (n, ffn) = silu(gate) * up (gated) or act(gate),
+// from hb (n, gu) holding gate then up per row. Elementwise, so the rows are spread over the
+// kernels' pool (exp / tanh took a quarter of a serial prefill); each element's bits are
+// the same whichever thread computes it.
+void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* act) {
+  struct Task {
+    const ModelSpec* s;
+    const float* hb;
+    int gu, n;
+    float* act;
+  } task{&s, hb, gu, n, act};
+  // Tasks of up to kColumns elements of one row. A decode row (a few thousand elements,
+  // tens of microseconds) stays on the caller: waking the pool costs more than it saves.
+  constexpr int kColumns = 1024;
+  constexpr int64_t kMinParallel = 32768;
+  const int chunks = (s.intermediate + kColumns - 1) / kColumns;
+  void (*fn)(void*, int) = [](void* ctx, int t) {
+    const Task& k = *static_cast<const Task*>(ctx);
+    const int ffn = k.s->intermediate;
+    const int chunks = (ffn + kColumns - 1) / kColumns;
+    const int i = t / chunks, j0 = (t % chunks) * kColumns, j1 = std::min(ffn, j0 + kColumns);
+    const bool silu = k.s->activation == Activation::kSilu;
+    const float* g = k.hb + static_cast<size_t>(i) * k.gu;
+    float* a = k.act + static_cast<size_t>(i) * ffn;
+    if (silu) {
+      // ops::Silu(x) = x / (1 + Exp(-x)) with the exps of the chunk taken at once (ExpN:
+      // the same bits, vectorized); the chunk's exps live in `a` until replaced.
+      for (int j = j0; j < j1; ++j) a[j] = -g[j];
+      detmath::ExpN(a + j0, j1 - j0);
+      for (int j = j0; j < j1; ++j) a[j] = g[j] / (1.0f + a[j]);
+    } else {
+      for (int j = j0; j < j1; ++j) a[j] = ops::GeluNew(g[j]);
+    }
+    if (k.s->gated_mlp) {
+      const float* u = g + ffn;
+      for (int j = j0; j < j1; ++j) a[j] = a[j] * u[j];
+    }
+  };
+  if (int64_t{n} * s.intermediate < kMinParallel) {
+    for (int t = 0; t < n * chunks; ++t) fn(&task, t);
+  } else {
+    kernels::ParallelFor(n * chunks, fn, &task);
+  }
 }
 
 // One transformer block over the batch, in place.
@@ -141,16 +288,19 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   const auto& pos = h.positions;
   float* x = h.values.data();
 
-  std::vector<float> xb(static_cast<size_t>(n) * dim);
-  std::vector<float> qkv(static_cast<size_t>(n) * qkv_dim);
-  std::vector<float> att(static_cast<size_t>(n) * q_dim);
-  std::vector<float> o(static_cast<size_t>(n) * dim);
+  // Scratch reused across layers and tokens (per thread): no allocation per decoded token.
+  // Every element is written before it is read.
+  thread_local std::vector<float> xb, qkv, att, o, hb, act;
+  xb.resize(static_cast<size_t>(n) * dim);
+  qkv.resize(static_cast<size_t>(n) * qkv_dim);
+  att.resize(static_cast<size_t>(n) * q_dim);
+  o.resize(static_cast<size_t>(n) * dim);
 
   // attention norm
   for (int i = 0; i < n; ++i)
     Norm(s, x + static_cast<size_t>(i) * dim, lw.attn_norm, lw.attn_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // q, k, v projections (one product)
-  if (!kernels::MatMul(xb.data(), n, lw.qkv.View(), qkv.data()))
+  if (!Product(xb.data(), n, lw.qkv.View(), qkv.data()))
     return NonFiniteInput("attention input", xb.data(), dim, l, pos);
   // RoPE on q and k
   if (!s.learned_positions) {
@@ -172,12 +322,8 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     for (int g = 0; g < s.n_kv_heads; ++g) {
       const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
       const float* key = krow + g * hd;
-      int8_t* k1 = &cache.k[slot * hd];
-      if (!kernels::QuantizeRow(key, hd, k1, &cache.k_scale[slot]))
-        return DataLoss(At(l, p) + ": non-finite key; refused");
-      const float k1_scale = cache.k_scale[slot];
-      for (int d = 0; d < hd; ++d) kr[static_cast<size_t>(d)] = key[d] - static_cast<float>(k1[d]) * k1_scale;
-      if (!kernels::QuantizeRow(kr.data(), hd, &cache.k_res[slot * hd], &cache.k_res_scale[slot]))
+      if (!QuantizeTwoTerms(key, hd, &cache.k[slot * hd], &cache.k_scale[slot], &cache.k_res[slot * hd],
+                            &cache.k_res_scale[slot], kr.data()))
         return DataLoss(At(l, p) + ": non-finite key; refused");
       if (!kernels::QuantizeRow(vrow + g * hd, hd, vq.data(), &cache.v_scale[slot]))
         return DataLoss(At(l, p) + ": non-finite value; refused");
@@ -189,7 +335,7 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // attention (causal; sliding window where the layer has one)
   DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   // output projection
-  if (!kernels::MatMul(att.data(), n, lw.o.View(), o.data()))
+  if (!Product(att.data(), n, lw.o.View(), o.data()))
     return NonFiniteInput("attention output", att.data(), q_dim, l, pos);
   // residual
   for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
@@ -198,24 +344,13 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     Norm(s, x + static_cast<size_t>(i) * dim, lw.mlp_norm, lw.mlp_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
-  std::vector<float> hb(static_cast<size_t>(n) * gu);
-  if (!kernels::MatMul(xb.data(), n, lw.gate_up.View(), hb.data()))
-    return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
+  hb.resize(static_cast<size_t>(n) * gu);
+  if (!Product(xb.data(), n, lw.gate_up.View(), hb.data())) return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
   // SwiGLU: silu(gate) * up | GELU (tanh approximation)
-  std::vector<float> act(static_cast<size_t>(n) * ffn);
-  for (int i = 0; i < n; ++i) {
-    const float* g = &hb[static_cast<size_t>(i) * gu];
-    float* a = &act[static_cast<size_t>(i) * ffn];
-    if (s.gated_mlp) {
-      const float* u = g + ffn;
-      for (int j = 0; j < ffn; ++j)
-        a[j] = (s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j])) * u[j];
-    } else {
-      for (int j = 0; j < ffn; ++j) a[j] = s.activation == Activation::kSilu ? ops::Silu(g[j]) : ops::GeluNew(g[j]);
-    }
-  }
+  act.resize(static_cast<size_t>(n) * ffn);
+  MlpActivation(s, hb.data(), gu, n, act.data());
   // down projection
-  if (!kernels::MatMul(act.data(), n, lw.down.View(), o.data()))
+  if (!Product(act.data(), n, lw.down.View(), o.data()))
     return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
   // residual
   for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
@@ -251,7 +386,7 @@ Result<std::vector<float>> ReadoutRows(const StageWeights& w, const HiddenStates
     Norm(s, h.Row(begin + i).data(), head.final_norm, head.final_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // LM head
   std::vector<float> logits(static_cast<size_t>(m) * head.lm_head.n);
-  if (!kernels::MatMul(xb.data(), m, head.lm_head.View(), logits.data()))
+  if (!Product(xb.data(), m, head.lm_head.View(), logits.data()))
     return DataLoss("readout, position " + std::to_string(h.positions[static_cast<size_t>(begin)]) +
                     ": non-finite final norm; refused");
   return logits;
@@ -266,6 +401,10 @@ HiddenStates HiddenStates::Slice(int begin, int end) const {
   out.values.assign(values.begin() + static_cast<ptrdiff_t>(begin) * hidden,
                     values.begin() + static_cast<ptrdiff_t>(end) * hidden);
   return out;
+}
+
+void SetAttentionMassStats(AttentionMassStats* stats) {
+  g_mass_stats = stats;
 }
 
 // --- KvCache --------------------------------------------------------------------------

@@ -63,11 +63,12 @@ void Softmax(float* x, int n) {
   float m = x[0];
   for (int i = 1; i < n; ++i)
     if (x[i] > m) m = x[i];
+  // e_i = Exp(x_i - m) over the row at once (ExpN: the same bits, vectorized), then the sum
+  // in index order and the division, as before.
+  for (int i = 0; i < n; ++i) x[i] = x[i] - m;
+  detmath::ExpN(x, n);
   float s = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    x[i] = detmath::Exp(x[i] - m);
-    s += x[i];
-  }
+  for (int i = 0; i < n; ++i) s += x[i];
   for (int i = 0; i < n; ++i) x[i] = x[i] / s;
 }
 

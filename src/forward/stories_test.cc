@@ -23,8 +23,9 @@
 namespace daisy {
 namespace {
 
-// Mean KL(p_f32 || p_engine) bound: 2e-3 nats, as the issue asks. Measured: 1.475e-3 with
-// the two-term int8 keys (docs/KERNELS.md, "Attention and the KV cache"); 2.2e-3 with one
+// Mean KL(p_f32 || p_engine) bound: 2e-3 nats, as the issue asks. Measured: 7.3e-4 with
+// two-term P and two-term narrow activations (docs/KERNELS.md); 1.475e-3 with only the
+// two-term int8 keys (docs/KERNELS.md, "Attention and the KV cache"); 2.2e-3 with one
 // int8 term per key (head_dim 8 makes a per-vector int8 key coarse, and K was the largest
 // share of the attention rule's error); 1.36e-3 with f32 attention, close to the W8A8
 // emulation's 1.4e-3 in reference/w8a8.json. A real attention bug (a missing V scale, a
@@ -32,7 +33,7 @@ namespace {
 constexpr double kMaxMeanKl = 2e-3;
 
 // The agreeing greedy prefix every prompt must reach (measured figures are printed).
-constexpr int kMinGreedyAgreement = 20;  // measured: 61, 57, 113, 28, 58
+constexpr int kMinGreedyAgreement = 20;  // measured: 61, 57, 113, 90, 58
 
 std::string ModelDir() {
   return std::string(std::getenv("DAISY_MODELS")) + "/stories260K";  // set by tests/test_env.cc
@@ -298,7 +299,7 @@ TEST_F(Stories, EveryBackendEqualsScalar) {
 // so arm64 must give exactly x86's bits. Change kGolden only with a deliberate change of the
 // arithmetic (docs/KERNELS.md), never to make one ISA pass.
 TEST_F(Stories, LogitsMatchX86GoldenDigestOnEveryBackend) {
-  constexpr uint64_t kGolden = 0x3a84205f2503d1c7ULL;  // x86-64, scalar = AVX2 = AVX-512 VNNI
+  constexpr uint64_t kGolden = 0x551936de9f0c3215ULL;  // x86-64, scalar = AVX2 = AVX-512 VNNI
   const nlohmann::json ref = ReadJson(ModelDir() + "/reference/logits.json");
   const std::vector<int32_t> ids = ref["token_ids"].get<std::vector<int32_t>>();
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};

@@ -1,8 +1,11 @@
 // What this CPU and OS can run. Compiled without ISA flags: cpuid and xgetbv are issued by
 // inline assembly that any x86-64 executes (xgetbv only after cpuid reported OSXSAVE).
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <string>
 
-#include "backends.h"
+#include "internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -90,4 +93,39 @@ std::string CpuSupportProblem(Backend backend) {
   return "unknown backend";
 }
 
+namespace internal {
+
+std::string CpuModelKey() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char vendor[13] = {0};
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+  }
+  unsigned sig = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d)) sig = a;  // family, model, stepping
+  char brand[49] = {0};
+  for (unsigned leaf = 0; leaf < 3; ++leaf)
+    if (__get_cpuid(0x80000002u + leaf, &a, &b, &c, &d)) {
+      const unsigned regs[4] = {a, b, c, d};
+      std::memcpy(brand + 16 * leaf, regs, 16);
+    }
+  std::string name(brand);
+  while (!name.empty() && name.back() == ' ') name.pop_back();
+  char sig_hex[16];
+  std::snprintf(sig_hex, sizeof sig_hex, "%08x", sig);
+  return std::string("x86 ") + vendor + " " + sig_hex + " " + name;
+#elif defined(__aarch64__)
+  std::ifstream in("/sys/devices/system/cpu/cpu0/regs/identification/midr_el1");
+  std::string midr;
+  if (in >> midr) return "arm64 midr " + midr;
+  return "arm64";
+#else
+  return "unknown cpu";
+#endif
+}
+
+}  // namespace internal
 }  // namespace daisy::kernels

@@ -14,9 +14,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace daisy::detmath {
 namespace {
@@ -114,6 +116,41 @@ TEST(DetMathTest, ExpSpecialValues) {
 
 // Softmax and sampling rely on exp being monotone: a larger logit never gets a smaller
 // probability.
+// ExpN is Exp, lane by lane, on every 256th float bit pattern (16.7 million values: every
+// exponent, both signs, NaN payloads, infinities, subnormals, both ScaleByPow2 paths) and on
+// the boundaries of its special cases, at every offset of a row (vector bodies and tails).
+TEST(DetMathTest, ExpNEqualsExpBitForBit) {
+  std::vector<float> row, want;
+  uint64_t mismatches = 0;
+  uint32_t first = 0;
+  auto check = [&]() {
+    want.resize(row.size());
+    for (size_t i = 0; i < row.size(); ++i) want[i] = Exp(row[i]);
+    ExpN(row.data(), static_cast<int>(row.size()));
+    for (size_t i = 0; i < row.size(); ++i)
+      if (std::bit_cast<uint32_t>(row[i]) != std::bit_cast<uint32_t>(want[i]) && mismatches++ == 0)
+        first = std::bit_cast<uint32_t>(want[i]);
+  };
+  for (uint64_t base = 0; base < (uint64_t{1} << 32); base += uint64_t{1} << 20) {
+    row.clear();
+    for (uint64_t u = base; u < base + (uint64_t{1} << 20); u += 256)
+      row.push_back(std::bit_cast<float>(static_cast<uint32_t>(u + (u >> 20) % 256)));
+    check();
+  }
+  EXPECT_EQ(mismatches, 0u) << "first expected bits " << std::hex << first;
+  const float edges[] = {89.0f, std::nextafter(89.0f, 100.0f), -104.0f, std::nextafter(-104.0f, -200.0f),
+                         88.72283935546875f, -87.33654022216797f, -103.97208f, 0.0f, -0.0f,
+                         std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0xffc12345u),
+                         std::numeric_limits<float>::denorm_min(), 0.5f, -0.5f, 1e-8f};
+  for (size_t len = 1; len <= 19; ++len) {
+    row.clear();
+    for (size_t i = 0; i < len; ++i) row.push_back(edges[(i + len) % std::size(edges)]);
+    check();
+  }
+  EXPECT_EQ(mismatches, 0u) << "first expected bits " << std::hex << first;
+}
+
 TEST(DetMathTest, ExpIsMonotone) {
   uint64_t state = 12345;
   for (int i = 0; i < 2000000; ++i) {

@@ -1,5 +1,6 @@
-// Backend selection (cpuid + OS check, gates, DAISY_KERNELS), the thread pool over output
-// columns, the sampled live audit, and the public MatMul entry points.
+// Backend selection (cpuid + OS check, gates, the per-shape choice by measurement,
+// DAISY_KERNELS), the thread pool over output columns, the sampled live audit, and the
+// public MatMul entry points.
 #include <pthread.h>
 
 #include <algorithm>
@@ -29,6 +30,18 @@ std::string_view BackendName(Backend backend) {
       return "avx512vnni";
     case Backend::kNeon:
       return "neon";
+  }
+  return "unknown";
+}
+
+std::string_view ProductShapeName(ProductShape shape) {
+  switch (shape) {
+    case ProductShape::kGemv:
+      return "gemv";
+    case ProductShape::kGemm:
+      return "gemm";
+    case ProductShape::kAttention:
+      return "attention";
   }
   return "unknown";
 }
@@ -71,9 +84,15 @@ void FaultyEntry(const int8_t* xq, const float* xscale, int m, size_t ldx, const
 }
 
 struct Registry {
-  std::mutex mu;  // guards status and the pool
+  std::mutex mu;  // guards status, the choice's source and timings, and the pool
   std::array<BackendStatus, 4> status;
-  std::atomic<uint8_t> active{static_cast<uint8_t>(Backend::kScalar)};
+  // The backend of each ProductShape; read without the lock by every product.
+  std::array<std::atomic<uint8_t>, kProductShapes> choice{};
+  std::string choice_source;
+  bool forced = false;                  // DAISY_KERNELS or SetBackend: one backend everywhere
+  internal::ShapeTimings timings{};     // what the choice was made from (0: not measured)
+  internal::ShapeTimings measured{};    // this process's own measurement, reused by Reinitialize
+  bool have_measured = false;
   std::atomic<int> threads{1};
   std::unique_ptr<ThreadPool> pool;
   std::atomic<int> audit_every{kDefaultAuditEvery};
@@ -96,7 +115,69 @@ Backend BestPassing(const Registry& r) {
   return Backend::kScalar;
 }
 
-// Detects support, gates every supported SIMD entry of `entries` and chooses the backend.
+void SetAll(Registry& r, Backend b) {
+  for (auto& c : r.choice) c.store(static_cast<uint8_t>(b));
+}
+
+// Per shape, the fastest backend in r.timings that is supported and passed its gate (ties
+// and unmeasured shapes: the preference order). Caller holds r.mu.
+void ChooseFromTimings(Registry& r) {
+  const Backend fallback = BestPassing(r);
+  for (int shape = 0; shape < kProductShapes; ++shape) {
+    Backend best = fallback;
+    double best_s = 0;
+    for (Backend b : kPreference) {
+      const BackendStatus& st = r.status[static_cast<size_t>(b)];
+      const double sec = r.timings[static_cast<size_t>(shape)][static_cast<size_t>(b)];
+      if (!st.supported || !st.gate_passed || !(sec > 0)) continue;
+      if (best_s == 0 || sec < best_s) {
+        best = b;
+        best_s = sec;
+      }
+    }
+    r.choice[static_cast<size_t>(shape)].store(static_cast<uint8_t>(best));
+  }
+}
+
+// The per-shape choice among the backends that passed their gates: from the cached timings
+// when they are valid for this CPU and kernel version, else measured now (and cached).
+void ChooseByMeasurement(Registry& r, const internal::BackendTable& entries) {
+  std::vector<Backend> passing;
+  for (Backend b : kAllBackends)
+    if (r.status[static_cast<size_t>(b)].supported && r.status[static_cast<size_t>(b)].gate_passed)
+      passing.push_back(b);
+  r.timings = {};
+  if (passing.size() <= 1) {
+    SetAll(r, BestPassing(r));
+    r.choice_source = "only " + std::string(BackendName(BestPassing(r)));
+    return;
+  }
+  const std::string path = internal::ChoiceCachePath();
+  const std::string why = path.empty() ? "no DAISY_HOME" : internal::ReadChoiceCache(path, passing, &r.timings);
+  if (why.empty()) {
+    r.choice_source = "cache";
+  } else {
+    if (!path.empty() && why != "no cache file")
+      LogInfo("kernels: ignoring the cached backend timings in " + path + " (" + why + "); measuring again");
+    bool covered = r.have_measured;
+    for (Backend b : passing)
+      for (int shape = 0; shape < kProductShapes; ++shape)
+        covered = covered && r.measured[static_cast<size_t>(shape)][static_cast<size_t>(b)] > 0;
+    if (!covered) {
+      r.measured = internal::MeasureShapes(entries, passing);
+      r.have_measured = true;
+    }
+    r.timings = r.measured;
+    r.choice_source = "measured";
+    if (!path.empty()) {
+      const std::string err = internal::WriteChoiceCache(path, r.timings);
+      if (!err.empty()) LogInfo("kernels: backend timings not cached: " + err);
+    }
+  }
+  ChooseFromTimings(r);
+}
+
+// Detects support, gates every supported SIMD entry of `entries` and chooses the backends.
 void Initialize(Registry& r, const internal::BackendTable& entries) {
   std::lock_guard<std::mutex> lock(r.mu);
   for (Backend b : kAllBackends) {
@@ -128,25 +209,32 @@ void Initialize(Registry& r, const internal::BackendTable& entries) {
       LogWarning("kernels: backend " + std::string(BackendName(gated[i])) + " " + s.reason);
     }
   }
-  Backend chosen = BestPassing(r);
+  const Backend* forced = nullptr;
   if (const char* env = std::getenv("DAISY_KERNELS"); env != nullptr && *env != '\0') {
     const std::string want = env;
     const Backend* found = nullptr;
     for (const Backend& b : kAllBackends)
       if (BackendName(b) == want) found = &b;
     if (found == nullptr) {
-      LogWarning("kernels: DAISY_KERNELS=" + want + " is not a backend (scalar|avx2|avx512vnni|neon); using " +
-                 std::string(BackendName(chosen)));
+      LogWarning("kernels: DAISY_KERNELS=" + want +
+                 " is not a backend (scalar|avx2|avx512vnni|neon); choosing per product shape");
     } else {
       const BackendStatus& s = r.status[static_cast<size_t>(*found)];
       if (!s.supported || !s.gate_passed)
-        LogWarning("kernels: DAISY_KERNELS=" + want + " cannot be used here (" + s.reason + "); using " +
-                   std::string(BackendName(chosen)));
+        LogWarning("kernels: DAISY_KERNELS=" + want + " cannot be used here (" + s.reason +
+                   "); choosing per product shape");
       else
-        chosen = *found;
+        forced = found;
     }
   }
-  r.active.store(static_cast<uint8_t>(chosen));
+  r.forced = forced != nullptr;
+  if (forced != nullptr) {
+    r.timings = {};
+    SetAll(r, *forced);
+    r.choice_source = "DAISY_KERNELS";
+  } else {
+    ChooseByMeasurement(r, entries);
+  }
   int every = kDefaultAuditEvery;
   if (const char* env = std::getenv("DAISY_AUDIT_EVERY"); env != nullptr && *env != '\0') {
     char* end = nullptr;
@@ -160,7 +248,11 @@ void Initialize(Registry& r, const internal::BackendTable& entries) {
   r.audit_every.store(every);
   r.threads.store(DefaultThreads());
   r.pool.reset();
-  LogDebug("kernels: using backend " + std::string(BackendName(chosen)));
+  std::string line = "kernels: backend per product shape (" + r.choice_source + "):";
+  for (int shape = 0; shape < kProductShapes; ++shape)
+    line += " " + std::string(ProductShapeName(static_cast<ProductShape>(shape))) + "=" +
+            std::string(BackendName(static_cast<Backend>(r.choice[static_cast<size_t>(shape)].load())));
+  LogDebug(line);
 }
 
 // Initialized once, thread-safely, before the first product (function-local static).
@@ -206,10 +298,12 @@ void Demote(Registry& r, Backend b, const std::string& why) {
   BackendStatus& s = r.status[static_cast<size_t>(b)];
   s.gate_passed = false;
   s.reason = "demoted: " + why;
-  const Backend next = BestPassing(r);
-  r.active.store(static_cast<uint8_t>(next));
+  // Every shape that used it moves to the next fastest passing backend (the preference
+  // order when it was forced or nothing was measured).
+  if (r.forced) r.timings = {};
+  ChooseFromTimings(r);
   LogError("kernels: backend " + std::string(BackendName(b)) + " " + s.reason + "; now using " +
-           std::string(BackendName(next)));
+           std::string(BackendName(static_cast<Backend>(r.choice[0].load()))) + " for gemv");
 }
 
 }  // namespace
@@ -302,8 +396,30 @@ std::vector<BackendStatus> BackendReport() {
   return std::vector<BackendStatus>(r.status.begin(), r.status.end());
 }
 
+BackendChoice ActiveChoice() {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  BackendChoice c;
+  for (int shape = 0; shape < kProductShapes; ++shape)
+    c.shape[shape] = static_cast<Backend>(r.choice[static_cast<size_t>(shape)].load());
+  c.source = r.choice_source;
+  return c;
+}
+
+std::string BackendChoiceSummary() {
+  const BackendChoice c = ActiveChoice();
+  bool same = true;
+  for (int shape = 1; shape < kProductShapes; ++shape) same = same && c.shape[shape] == c.shape[0];
+  if (same) return std::string(BackendName(c.shape[0]));
+  std::string out;
+  for (int shape = 0; shape < kProductShapes; ++shape)
+    out += (shape ? " " : "") + std::string(ProductShapeName(static_cast<ProductShape>(shape))) + ":" +
+           std::string(BackendName(c.shape[shape]));
+  return out;
+}
+
 Backend ActiveBackend() {
-  return static_cast<Backend>(Reg().active.load());
+  return static_cast<Backend>(Reg().choice[static_cast<size_t>(ProductShape::kGemv)].load());
 }
 
 Status SetBackend(Backend backend) {
@@ -314,7 +430,10 @@ Status SetBackend(Backend backend) {
     return Unimplemented("kernels: backend " + std::string(BackendName(backend)) +
                          " is not supported here: " + s.reason);
   if (!s.gate_passed) return Unimplemented("kernels: backend " + std::string(BackendName(backend)) + " is " + s.reason);
-  r.active.store(static_cast<uint8_t>(backend));
+  SetAll(r, backend);
+  r.forced = true;
+  r.timings = {};
+  r.choice_source = "SetBackend";
   return Status::Ok();
 }
 
@@ -329,6 +448,30 @@ int Threads() {
   return Reg().threads.load();
 }
 
+void ParallelFor(int n_tasks, void (*fn)(void* ctx, int task), void* ctx) {
+  if (n_tasks <= 0) return;
+  Registry& r = Reg();
+  const int threads = r.threads.load(std::memory_order_relaxed);
+  if (threads <= 1 || n_tasks == 1) {
+    for (int t = 0; t < n_tasks; ++t) fn(ctx, t);
+    return;
+  }
+  // ThreadPool::Run takes at most kMaxTasks: larger counts run in rounds.
+  for (int t0 = 0; t0 < n_tasks; t0 += ThreadPool::kMaxTasks) {
+    struct Offset {
+      void (*fn)(void*, int);
+      void* ctx;
+      int t0;
+    } off{fn, ctx, t0};
+    PoolFor(r, threads)->Run(std::min(ThreadPool::kMaxTasks, n_tasks - t0),
+                             [](void* c, int t) {
+                               auto* o = static_cast<Offset*>(c);
+                               o->fn(o->ctx, o->t0 + t);
+                             },
+                             &off);
+  }
+}
+
 void SetAuditRate(int every, int cells) {
   Registry& r = Reg();
   r.audit_every.store(every < 0 ? 0 : every);
@@ -341,6 +484,11 @@ AuditStats GetAuditStats() {
 }
 
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy) {
+  MatMulQ(xq, xscale, m, ldx, w, y, ldy, m == 1 ? ProductShape::kGemv : ProductShape::kGemm);
+}
+
+void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
+             ProductShape shape) {
   // k comes from validated specs (QuantizeMatrix refuses k > kMaxK), so this is a bug.
   DAISY_CHECK(w.k >= 0 && w.k <= kMaxK, "Bug: MatMulQ reduction length outside [0, kMaxK]: int32 could overflow");
   DAISY_CHECK(m >= 0 && w.n >= 0 && w.ld >= static_cast<size_t>(w.k) &&
@@ -348,7 +496,7 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
               "Bug: MatMulQ shape or stride inconsistent");
   if (m == 0 || w.n == 0) return;
   Registry& r = Reg();
-  const auto b = static_cast<Backend>(r.active.load(std::memory_order_relaxed));
+  const auto b = static_cast<Backend>(r.choice[static_cast<size_t>(shape)].load(std::memory_order_relaxed));
   internal::RunProduct(internal::LiveEntryFor(b), xq, xscale, m, ldx, w, y, ldy);
 
   // Sampled live audit: re-check a few random cells of this finished product.
@@ -369,6 +517,30 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
   internal::RunProduct(&scalar::MatMulQ, xq, xscale, m, ldx, w, y, ldy);
 }
 
+namespace {
+
+// Rows quantized per task when a batch's rows are quantized across the pool.
+constexpr int kQuantizeRowsPerTask = 8;
+
+struct QuantizeTask {
+  const float* x;
+  int m, k;
+  int8_t* xq;
+  float* xs;
+  std::atomic<bool> finite{true};
+};
+
+void QuantizeRows(void* ctx, int t) {
+  auto* q = static_cast<QuantizeTask*>(ctx);
+  const int i1 = std::min(q->m, (t + 1) * kQuantizeRowsPerTask);
+  const auto k = static_cast<size_t>(q->k);
+  for (int i = t * kQuantizeRowsPerTask; i < i1; ++i)
+    if (!QuantizeRow(q->x + static_cast<size_t>(i) * k, q->k, q->xq + static_cast<size_t>(i) * k, &q->xs[i]))
+      q->finite.store(false, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 bool MatMul(const float* x, int m, const QMatrixView& w, float* y) {
   // Reused per thread: decode calls this hundreds of times per token.
   thread_local std::vector<int8_t> xq;
@@ -376,8 +548,11 @@ bool MatMul(const float* x, int m, const QMatrixView& w, float* y) {
   const size_t k = static_cast<size_t>(std::max(w.k, 0));
   xq.resize(static_cast<size_t>(std::max(m, 0)) * k);
   xs.resize(static_cast<size_t>(std::max(m, 0)));
-  for (int i = 0; i < m; ++i)
-    if (!QuantizeRow(x + static_cast<size_t>(i) * k, w.k, xq.data() + static_cast<size_t>(i) * k, &xs[i])) return false;
+  // Each row is quantized whole by one thread, so the bits do not depend on the split; a
+  // prefill batch spreads its rows over the pool (serial, they took a quarter of a prefill).
+  QuantizeTask task{x, m, w.k, xq.data(), xs.data()};
+  ParallelFor(m <= 0 ? 0 : (m + kQuantizeRowsPerTask - 1) / kQuantizeRowsPerTask, &QuantizeRows, &task);
+  if (!task.finite.load()) return false;
   MatMulQ(xq.data(), xs.data(), m, k, w, y, static_cast<size_t>(w.n));
   return true;
 }

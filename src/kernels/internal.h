@@ -56,6 +56,28 @@ struct GateShape {
 };
 std::span<const GateShape> GateShapes();
 
+// ---- Per-shape backend choice (dispatch.cc, choice.cc, throughput.cc) ----
+// Seconds per product of each shape (ProductShape) through each backend (Backend); 0 where
+// not measured.
+using ShapeTimings = std::array<std::array<double, 4>, kProductShapes>;
+// Times every backend in `backends` (entries from `entries`) on one product of each shape,
+// on the calling thread alone: the best of a few runs after a warm-up.
+ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend> backends);
+// Bumped whenever a unit's code changes, so cached timings of older units are not trusted.
+constexpr int kKernelVersion = 1;
+// A stable description of this CPU (x86: vendor, family/model/stepping and brand string;
+// arm64: MIDR where readable): cached timings are valid only on the same model.
+std::string CpuModelKey();
+// DAISY_HOME/kernels-choice-<hash of CpuModelKey()>.json (DAISY_HOME, else
+// $XDG_CONFIG_HOME/daisychain, else ~/.config/daisychain; "" when none of them is set).
+std::string ChoiceCachePath();
+// Reads the timings cached for this CPU and kernel version. Returns "" and fills `out` when
+// the file is valid and covers every backend of `needed`; else why it is not used.
+std::string ReadChoiceCache(const std::string& path, std::span<const Backend> needed, ShapeTimings* out);
+// Writes the timings (to a temporary file, then rename: readers never see half a file).
+// Returns "" or why it could not.
+std::string WriteChoiceCache(const std::string& path, const ShapeTimings& timings);
+
 // SplitMix64: the counter-based generator behind every seeded shape, probe and audit.
 inline uint64_t SplitMix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;

@@ -3,6 +3,7 @@
 // rows, clamping, refusal of non-finite values; guard bytes after every output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -40,6 +41,59 @@ TEST(QuantizeTest, RoundsHalfToEven) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(scale, 1.0f);
   EXPECT_EQ(q, (std::vector<int8_t>{127, 64, -64, 62, 0, 2, 0, 2, -2, 0, -127, 3}));
+}
+
+// The reference formula of docs/KERNELS.md, with libm's nearbyint: QuantizeRow (integer
+// amax, rounding without libm) must give the same scale and int8 values on rows full of
+// exact ties, signed zeros, subnormals and extremes.
+TEST(QuantizeTest, EqualsTheNearbyintReferenceOnTiesAndExtremes) {
+  auto reference = [](const std::vector<float>& x, std::vector<int8_t>& q, float* scale) {
+    float amax = 0.0f;
+    for (float v : x) amax = std::fabs(v) > amax ? std::fabs(v) : amax;
+    const float s = amax / 127.0f;
+    *scale = s == 0.0f ? 0.0f : s;
+    for (size_t i = 0; i < x.size(); ++i) {
+      float r = s == 0.0f ? 0.0f : std::nearbyint(x[i] / s);
+      r = std::min(127.0f, std::max(-127.0f, r));
+      q[i] = static_cast<int8_t>(r);
+    }
+  };
+  uint64_t state = 99;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  int rows = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int k = 1 + static_cast<int>(next() % 300);
+    std::vector<float> x(static_cast<size_t>(k));
+    const float unit = trial % 3 == 0 ? 1.0f : (trial % 3 == 1 ? 0x1p-140f : 0x1p100f);
+    for (float& v : x) {
+      const uint64_t r = next();
+      switch (r % 5) {
+        case 0:  // halves: x / s lands on .5 ties when amax is 127 units
+          v = unit * (static_cast<float>(static_cast<int>(r >> 8) % 255 - 127) + 0.5f);
+          break;
+        case 1:
+          v = unit * static_cast<float>(static_cast<int>(r >> 8) % 255 - 127);
+          break;
+        case 2:
+          v = (r >> 8) % 2 ? -0.0f : 0.0f;
+          break;
+        default:
+          v = unit * (static_cast<float>(static_cast<int>(r >> 8) % 200001) / 1000.0f - 100.0f);
+      }
+    }
+    if (trial % 2 == 0) x[next() % static_cast<size_t>(k)] = unit * 127.0f;  // amax = 127 units
+    std::vector<int8_t> got(static_cast<size_t>(k)), want(static_cast<size_t>(k));
+    float gs = -1, ws = -1;
+    ASSERT_TRUE(QuantizeRow(x.data(), k, got.data(), &gs));
+    reference(x, want, &ws);
+    ASSERT_EQ(std::memcmp(&gs, &ws, 4), 0) << "trial " << trial;
+    ASSERT_EQ(got, want) << "trial " << trial;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 3000);
 }
 
 TEST(QuantizeTest, ScaleIsAmaxOver127AndTiesSurviveTheDivision) {

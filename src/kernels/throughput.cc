@@ -1,5 +1,7 @@
 // Throughput figures for `daisychain bench` and the ring planner's capacity.
+#include <algorithm>
 #include <chrono>
+#include <span>
 #include <cstring>
 #include <vector>
 
@@ -53,7 +55,56 @@ struct Case {
   double Ops() const { return 2.0 * m * n * static_cast<double>(k); }
 };
 
+// Best-of-`reps` seconds of `run` after one warm-up.
+template <typename F>
+double BestSeconds(F&& run, int reps) {
+  run();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s < best) best = s;
+  }
+  return best;
+}
+
 }  // namespace
+
+namespace internal {
+
+ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend> backends) {
+  // gemv: decode's weight stream (48 MB of int8, more than the caches hold near a core);
+  // gemm: a prefill chunk's projection; attention: one decode step of a KV head (group of
+  // 8 query rows) against 512 cached keys, Q.K (k = head_dim 64) then P.V (k = the keys,
+  // V^T rows strided by a 4096-position context).
+  Case gemv(1, 53248, 896), gemm(64, 512, 896), qk(8, 512, 64), pv(8, 64, 512);
+  std::vector<int8_t> vt(static_cast<size_t>(64) * 4096);
+  FillQ(vt, 3);
+  const QMatrixView pv_view{vt.data(), nullptr, nullptr, 64, 512, 4096};
+  ShapeTimings t{};
+  for (Backend b : backends) {
+    const MatMulQFn fn = entries[static_cast<size_t>(b)];
+    if (fn == nullptr) continue;
+    auto whole = [fn](Case& c, const QMatrixView& v) {
+      fn(c.x.data(), c.xs.data(), c.m, static_cast<size_t>(c.k), v, c.y.data(), static_cast<size_t>(c.n), 0, v.n);
+    };
+    const auto i = static_cast<size_t>(b);
+    t[static_cast<size_t>(ProductShape::kGemv)][i] = BestSeconds([&] { whole(gemv, gemv.View()); }, 3);
+    t[static_cast<size_t>(ProductShape::kGemm)][i] = BestSeconds([&] { whole(gemm, gemm.View()); }, 3);
+    t[static_cast<size_t>(ProductShape::kAttention)][i] = BestSeconds(
+        [&] {
+          for (int rep = 0; rep < 8; ++rep) {
+            whole(qk, qk.View());
+            whole(pv, pv_view);
+          }
+        },
+        3);
+  }
+  return t;
+}
+
+}  // namespace internal
 
 std::vector<KernelThroughput> MeasureKernelThroughput(double seconds_per_case) {
   Case gemv(1, 73728, 896), gemm(64, 2048, 896);
@@ -69,6 +120,46 @@ std::vector<KernelThroughput> MeasureKernelThroughput(double seconds_per_case) {
     out.push_back(t);
   }
   return out;
+}
+
+namespace {
+struct ReadTask {
+  const uint64_t* data;
+  size_t words_per_task;
+  uint64_t sums[64];
+};
+// Sums one task's share with eight independent chains (the compiler vectorizes it with the
+// baseline ISA); the sum is kept so the loads cannot be optimized away.
+void SumShare(void* ctx, int t) {
+  auto* task = static_cast<ReadTask*>(ctx);
+  const uint64_t* p = task->data + static_cast<size_t>(t) * task->words_per_task;
+  uint64_t a[8] = {};
+  for (size_t i = 0; i < task->words_per_task; i += 8)
+    for (int j = 0; j < 8; ++j) a[j] += p[i + static_cast<size_t>(j)];
+  uint64_t s = 0;
+  for (uint64_t v : a) s += v;
+  task->sums[t] = s;
+}
+}  // namespace
+
+double MeasureReadBandwidth(double seconds) {
+  constexpr size_t kBytes = size_t{256} << 20;
+  constexpr int kTasks = 64;  // claimed dynamically: a descheduled thread holds up one share
+  std::vector<uint64_t> buf(kBytes / 8);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;  // touch every page
+  ReadTask task{buf.data(), buf.size() / kTasks, {}};
+  double best = 1e30;
+  const auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass < 100; ++pass) {  // bounded: at most 100 passes
+    const auto t0 = std::chrono::steady_clock::now();
+    ParallelFor(kTasks, &SumShare, &task);
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    if (pass >= 2 && std::chrono::duration<double>(t1 - start).count() > seconds) break;
+  }
+  volatile uint64_t sink = 0;
+  for (uint64_t v : task.sums) sink = sink + v;
+  return static_cast<double>(kBytes) / best * 1e-9;
 }
 
 double MeasureCapacityGemmsPerSecond() {

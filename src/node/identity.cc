@@ -71,7 +71,7 @@ wire::Hello MeasureHello(const std::string& device_id, const std::string& name, 
   h.gemms_per_s = kernels::MeasureCapacityGemmsPerSecond();
   h.probe_hash = kernels::ProbeHash();
   h.free_memory = budget;
-  h.backend = std::string(kernels::BackendName(kernels::ActiveBackend()));
+  h.backend = kernels::BackendChoiceSummary();  // one backend, or the choice per product shape
   h.device_id = device_id;
   if (!name.empty()) {
     h.name = name.substr(0, 64);

@@ -55,10 +55,18 @@ float UniformDraw(uint64_t seed, int64_t position) {
 
 int32_t ArgMax(std::span<const float> logits) {
   DAISY_CHECK(!logits.empty(), "Bug: ArgMax of an empty logits span");
+  // The total order of Before as one plain pass (decode runs it on every token): a strict
+  // `>` keeps the lowest id among equals, and NaN compares false, so it never wins, exactly
+  // as if it ranked as -inf (a NaN first entry is replaced by the first non-NaN above -inf).
   int32_t best = 0;
-  const Before before{logits};
-  for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i) {
-    if (before(i, best)) best = i;
+  float best_v = RankValue(logits[0]);
+  const int32_t n = static_cast<int32_t>(logits.size());
+  for (int32_t i = 1; i < n; ++i) {
+    const float v = logits[static_cast<size_t>(i)];
+    if (v > best_v) {
+      best = i;
+      best_v = v;
+    }
   }
   return best;
 }

@@ -70,6 +70,38 @@ TEST(SamplingTest, GreedyAtTemperatureZeroIsArgMax) {
   EXPECT_EQ(SampleToken(logits, p, 7), 1);
 }
 
+// ArgMax is one plain pass; it must pick exactly the id of the total order (logit
+// descending, NaN as -inf, then the lowest id) on inputs full of ties, NaN and infinities.
+TEST(SamplingTest, ArgMaxEqualsTheTotalOrderWithTiesNanAndInfinities) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float pool[] = {nan, -kInf, kInf, -0.0f, 0.0f, 1.0f, -1.0f, 3.5f, 3.5f, -3.5f, 1e30f, -1e30f};
+  auto reference = [&](const std::vector<float>& l) {
+    auto rank = [&](int32_t i) { return std::isnan(l[i]) ? -kInf : l[i]; };
+    int32_t best = 0;
+    for (int32_t i = 1; i < static_cast<int32_t>(l.size()); ++i)
+      if (rank(i) > rank(best)) best = i;  // equal rank: the lower id stays
+    return best;
+  };
+  uint64_t state = 12345;
+  int checked = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const size_t n = 1 + trial % 9;  // short spans: ties and NaN at every position
+    std::vector<float> l(n);
+    for (float& v : l) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      v = pool[(state >> 33) % std::size(pool)];
+    }
+    ASSERT_EQ(ArgMax(l), reference(l)) << "trial " << trial;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 20000);
+  // -0.0 and +0.0 are equal: the lower id wins whichever sign comes first.
+  EXPECT_EQ(ArgMax(std::vector<float>{-0.0f, 0.0f}), 0);
+  EXPECT_EQ(ArgMax(std::vector<float>{0.0f, -0.0f}), 0);
+  EXPECT_EQ(ArgMax(std::vector<float>{nan, -kInf, 2.0f, kInf, kInf}), 3);
+}
+
 TEST(SamplingTest, TiesGoToTheLowestId) {
   const std::vector<float> logits = {0.0f, 3.0f, 1.0f, 3.0f, 3.0f};
   EXPECT_EQ(ArgMax(logits), 1);

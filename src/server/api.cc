@@ -337,6 +337,113 @@ std::variant<UiGenerateRequest, ApiError> ParseUiGenerateRequest(std::string_vie
   return r;
 }
 
+std::variant<UiChatRequest, ApiError> ParseUiChatRequest(std::string_view body) {
+  auto parsed = ParseObject(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const Json& j = std::get<Json>(parsed);
+  static const char* const kKnown[] = {"conversation", "messages", "max_tokens", "ctx",    "temperature",
+                                       "seed",         "top_p",    "top_k",      "verify", "stages"};
+  for (const auto& [key, value] : j.items()) {
+    (void)value;
+    if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; }) == std::end(kKnown))
+      return BadRequest("unknown field '" + key.substr(0, 64) +
+                            "' (known: conversation, messages, max_tokens, ctx, temperature, seed, top_p, top_k, "
+                            "verify, stages)",
+                        key.substr(0, 64));
+  }
+  UiChatRequest r;
+  std::optional<std::string> conversation;
+  if (auto e = ReadString(j, "conversation", conversation)) return *e;
+  if (conversation) {
+    // An id the UI makes (letters, digits, '-', '_', '.', ':'): it names a cache slot and
+    // shows up in status lines, so nothing else is let in.
+    const std::string& c = *conversation;
+    const bool ok_chars = std::all_of(c.begin(), c.end(), [](char ch) {
+      return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+             ch == '_' || ch == '.' || ch == ':';
+    });
+    if (c.empty() || c.size() > kMaxConversationId || !ok_chars)
+      return BadRequest("'conversation' must be 1 to " + std::to_string(kMaxConversationId) +
+                            " letters, digits, '-', '_', '.' or ':'",
+                        "conversation");
+    r.conversation = c;
+  }
+  const Json* m = Field(j, "messages");
+  if (!m) return BadRequest("'messages' is required", "messages");
+  if (!m->is_array()) return WrongType("messages", "an array of {\"role\", \"content\"}", *m);
+  if (m->empty()) return BadRequest("'messages' must hold at least one message", "messages");
+  if (m->size() > kMaxChatMessages)
+    return BadRequest(
+        "'messages' holds " + std::to_string(m->size()) + " messages, at most " + std::to_string(kMaxChatMessages),
+        "messages");
+  size_t chars = 0;
+  r.messages = Json::array();
+  for (size_t i = 0; i < m->size(); ++i) {
+    const Json& msg = (*m)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) return WrongType(where, "an object {\"role\", \"content\"}", msg);
+    for (const auto& [key, value] : msg.items()) {
+      (void)value;
+      if (key != "role" && key != "content")
+        return BadRequest("'" + where + "' has an unknown field '" + key.substr(0, 64) + "' (only role and content)",
+                          where + "." + key.substr(0, 64));
+    }
+    const Json* role = Field(msg, "role");
+    if (!role) return BadRequest("'" + where + ".role' is required", where + ".role");
+    if (!role->is_string()) return WrongType(where + ".role", "a string", *role);
+    const std::string rs = role->get<std::string>();
+    if (rs != "system" && rs != "user" && rs != "assistant")
+      return BadRequest(
+          "'" + where + ".role' must be \"system\", \"user\" or \"assistant\", got " + Dump(*role).substr(0, 40),
+          where + ".role");
+    if (rs == "system" && i != 0)
+      return BadRequest("'" + where + "' is a system message: only the first message may be one", where + ".role");
+    const Json* content = Field(msg, "content");
+    if (!content) return BadRequest("'" + where + ".content' is required", where + ".content");
+    if (!content->is_string()) return WrongType(where + ".content", "a string", *content);
+    const std::string& text = content->get_ref<const std::string&>();
+    if (text.empty() && rs == "user")
+      return BadRequest("'" + where + ".content' is empty: a user message must say something", where + ".content");
+    chars += text.size();
+    if (chars > kMaxChatChars)
+      return BadRequest(
+          "the messages are too long: more than " + std::to_string(kMaxChatChars) + " bytes of content in all",
+          where + ".content");
+    r.messages.push_back(Json{{"role", rs}, {"content", text}});
+  }
+  if (r.messages.back()["role"] != "user")
+    return BadRequest("the last message must be the user's (the reply answers it), got " +
+                          r.messages.back()["role"].get<std::string>(),
+                      "messages[" + std::to_string(m->size() - 1) + "].role");
+  std::optional<int64_t> max_tokens, ctx, seed, top_k, stages;
+  if (auto e = ReadInt(j, "max_tokens", 1, 1 << 24, max_tokens)) return *e;
+  if (auto e = ReadInt(j, "ctx", 0, 1 << 24, ctx)) return *e;
+  if (auto e = ReadInt(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), seed))
+    return *e;
+  if (auto e = ReadInt(j, "top_k", 0, 1 << 24, top_k)) return *e;
+  if (auto e = ReadInt(j, "stages", 1, 64, stages)) return *e;
+  std::optional<float> temperature, top_p;
+  if (auto e = ReadFloat(j, "temperature", 0.0, 100.0, false, temperature)) return *e;
+  if (auto e = ReadFloat(j, "top_p", 0.0, 1.0, true, top_p)) return *e;
+  std::optional<bool> verify;
+  if (auto e = ReadBool(j, "verify", verify)) return *e;
+  r.max_tokens = static_cast<int>(max_tokens.value_or(256));
+  r.ctx = static_cast<int>(ctx.value_or(0));
+  r.seed = static_cast<uint64_t>(seed.value_or(1234));
+  r.top_k = static_cast<int>(top_k.value_or(0));
+  if (stages) r.stages = static_cast<int>(*stages);
+  r.temperature = temperature.value_or(0.0f);
+  r.top_p = top_p.value_or(1.0f);
+  r.verify = verify.value_or(false);
+  return r;
+}
+
+std::string PlainChatPrompt(const Json& messages) {
+  std::string out;
+  for (const auto& m : messages) out += m.value("content", "");
+  return out;
+}
+
 std::variant<ApplyTemplateRequest, ApiError> ParseApplyTemplateRequest(std::string_view body) {
   auto parsed = ParseObject(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;

@@ -70,6 +70,30 @@ struct UiGenerateRequest {
 };
 std::variant<UiGenerateRequest, ApiError> ParseUiGenerateRequest(std::string_view body);
 
+// The body of POST /api/chat (the UI's chat), validated strictly: every field of the wrong
+// type, every unknown field and every malformed message is refused with its name.
+struct UiChatRequest {
+  std::string conversation;  // the prefix-cache key ("" = none named: the longest shared prefix)
+  // [{"role", "content"}]: roles system (first only), user and assistant; content a string;
+  // the last message is the user's.
+  Json messages;
+  int max_tokens = 256;
+  int ctx = 0;
+  float temperature = 0.0f;
+  uint64_t seed = 1234;
+  float top_p = 1.0f;
+  int top_k = 0;
+  bool verify = false;
+  std::optional<int> stages;
+};
+inline constexpr size_t kMaxChatMessages = 1000;
+inline constexpr size_t kMaxChatChars = size_t{1} << 20;  // all contents together, in bytes
+inline constexpr size_t kMaxConversationId = 64;
+std::variant<UiChatRequest, ApiError> ParseUiChatRequest(std::string_view body);
+// The prompt of a chat on a model without a chat template (plain completion): the contents
+// one after the other, as written, so a reply continues the text it followed.
+std::string PlainChatPrompt(const Json& messages);
+
 // The body of POST /apply-template: messages, add_generation_prompt (default true) and
 // every other field as a template variable (as llama.cpp's server does).
 struct ApplyTemplateRequest {

@@ -195,6 +195,82 @@ TEST(UiGenerate, DefaultsAndRefusals) {
   EXPECT_TRUE(std::holds_alternative<ApiError>(ParseUiGenerateRequest(R"({"prompt": ""})")));
 }
 
+TEST(UiChat, ReadsAConversationWithDefaults) {
+  auto r = ParseUiChatRequest(
+      R"({"conversation": "c-1:a_b.c", "messages": [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "And?"}],
+          "verify": true, "seed": 7})");
+  ASSERT_TRUE(std::holds_alternative<UiChatRequest>(r)) << std::get<ApiError>(r).message;
+  const auto& c = std::get<UiChatRequest>(r);
+  EXPECT_EQ(c.conversation, "c-1:a_b.c");
+  ASSERT_EQ(c.messages.size(), 4u);
+  EXPECT_EQ(c.messages[3]["content"], "And?");
+  EXPECT_EQ(c.max_tokens, 256);
+  EXPECT_EQ(c.temperature, 0.0f);
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_TRUE(c.verify);
+  EXPECT_EQ(PlainChatPrompt(c.messages), "Be brief.HiAnd?");
+  // No conversation: none named (the longest shared prefix is reused).
+  auto n = ParseUiChatRequest(R"({"messages": [{"role": "user", "content": "Hi"}]})");
+  ASSERT_TRUE(std::holds_alternative<UiChatRequest>(n));
+  EXPECT_EQ(std::get<UiChatRequest>(n).conversation, "");
+}
+
+TEST(UiChat, RefusesMalformedRequestsNamingWhatIsWrong) {
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* says;
+  };
+  const std::string too_long =
+      std::string(R"({"messages": [{"role": "user", "content": ")") + std::string(kMaxChatChars + 1, 'a') + R"("}]})";
+  std::string many = R"({"messages": [)";
+  for (size_t i = 0; i <= kMaxChatMessages; ++i)
+    many += std::string(i ? "," : "") + R"({"role": "user", "content": "x"})";
+  many += "]}";
+  const std::string long_id = R"({"conversation": ")" + std::string(kMaxConversationId + 1, 'a') +
+                              R"(", "messages": [{"role": "user", "content": "x"}]})";
+  const Case cases[] = {
+      {R"([1, 2])", "", "JSON object"},
+      {R"({"conversation": "x"})", "messages", "required"},
+      {R"({"messages": []})", "messages", "at least one"},
+      {R"({"messages": "hi"})", "messages", "must be an array"},
+      {R"({"messages": ["hi"]})", "messages[0]", "must be an object"},
+      {R"({"messages": [{"role": "robot", "content": "x"}]})", "messages[0].role", "\"system\", \"user\""},
+      {R"({"messages": [{"role": 1, "content": "x"}]})", "messages[0].role", "a string"},
+      {R"({"messages": [{"content": "x"}]})", "messages[0].role", "required"},
+      {R"({"messages": [{"role": "user"}]})", "messages[0].content", "required"},
+      {R"({"messages": [{"role": "user", "content": ""}]})", "messages[0].content", "empty"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]})", "messages[0].content",
+       "a string"},
+      {R"({"messages": [{"role": "user", "content": "x", "name": "bob"}]})", "messages[0].name", "unknown field"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "y"},
+          {"role": "user", "content": "z"}]})",
+       "messages[1].role", "only the first"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})", "messages[1].role",
+       "the user's"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "conversation": 5})", "conversation", "a string"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "conversation": "a b"})", "conversation", "letters"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "conversation": ""})", "conversation", "letters"},
+      {long_id.c_str(), "conversation", "letters"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", "max_tokens", "must be in"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"})", "max_tokens", "an integer"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": -1})", "temperature", "must be in"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "verify": "yes"})", "verify", "true or false"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "prompt": "y"})", "prompt", "unknown field"},
+      {too_long.c_str(), "messages[0].content", "too long"},
+      {many.c_str(), "messages", "at most"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseUiChatRequest(c.body);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << std::string(c.body).substr(0, 200);
+    const auto& e = std::get<ApiError>(r);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << std::string(c.body).substr(0, 200) << " -> " << e.message;
+    EXPECT_NE(e.message.find(c.says), std::string::npos) << std::string(c.body).substr(0, 200) << " -> " << e.message;
+  }
+}
+
 TEST(ApplyTemplate, OtherFieldsBecomeTemplateVariables) {
   auto r = ParseApplyTemplateRequest(
       R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false, "enable_thinking": false,
@@ -216,6 +292,8 @@ TEST(Assets, TheUiIsEmbedded) {
   ASSERT_NE(FindAsset("/app.js"), nullptr);
   EXPECT_EQ(FindAsset("/app.js")->content_type, "text/javascript; charset=utf-8");
   ASSERT_NE(FindAsset("/style.css"), nullptr);
+  ASSERT_NE(FindAsset("/chat.js"), nullptr);
+  ASSERT_NE(FindAsset("/chat.css"), nullptr);
   EXPECT_EQ(FindAsset("/secret.txt"), nullptr);
 }
 

@@ -325,6 +325,10 @@ struct Server::Impl {
       for (const auto& d : devices)
         if (d["status"] == "approved")
           key += "|" + d["id"].get<std::string>() + ":" + std::to_string(d["free_memory"].get<uint64_t>());
+      // The preview plans over the members the head has heard of, which can lag the room's
+      // list by a peer-list round trip: keyed on both, a preview made in that gap is redone.
+      key += "|head:";
+      for (const auto& p : options.session->Peers()) key += p.hello.device_id + ",";
       if (key != plan_key) {
         auto plan = options.session->PreviewPlan(DefaultStages());
         if (plan.ok()) {
@@ -620,6 +624,19 @@ struct Server::Impl {
       return out;
     }
     out.report = std::move(*report);
+    if (hooks.alive && !hooks.alive()) {
+      // The client stopped the turn (Stop in the UI closes the stream): the head ended it
+      // at the next token and the ring is free for the next request.
+      int shown;
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        shown = st->tokens;
+      }
+      const std::string line = "turn stopped by the client after " + std::to_string(shown) + " token" +
+                               (shown == 1 ? "" : "s") + "; the ring is free";
+      LogInfo("serve: " + line);
+      Broadcast(srv::SseEvent("status", Json{{"line", line}}));
+    }
     std::lock_guard<std::mutex> lock(st->mu);
     if (!st->matcher().stopped()) {
       std::string tail = st->matcher().Add(st->stream().Finish());
@@ -857,11 +874,17 @@ struct Server::Impl {
     spec.verify = r.verify;
     spec.json = r.json;
     spec.stages = r.stages ? r.stages : DefaultStages();
+    StreamUiTurn(res, std::move(spec), Json::object());
+  }
+
+  // Answers a UI turn (/api/generate, /api/chat) with server-sent events: queued, status,
+  // progress, token, retract, then done (DoneJson and `done_extra`) or error.
+  void StreamUiTurn(httplib::Response& res, TurnSpec spec, Json done_extra) {
     SetStreamHeaders(res);
-    res.set_chunked_content_provider("text/event-stream", [this, spec](size_t, httplib::DataSink& sink) {
+    res.set_chunked_content_provider("text/event-stream", [this, spec, done_extra](size_t, httplib::DataSink& sink) {
       auto box = std::make_shared<Outbox>();
       auto gone = std::make_shared<std::atomic<bool>>(false);
-      Pump(sink, box, gone, [this, spec, box, gone] {
+      Pump(sink, box, gone, [this, spec, done_extra, box, gone] {
         TurnHooks hooks;
         hooks.alive = [gone] { return !gone->load(); };
         hooks.on_queued = [box](int position) { box->Push(srv::SseEvent("queued", Json{{"position", position}})); };
@@ -886,10 +909,61 @@ struct Server::Impl {
           box->Push(srv::SseEvent("error", Json{{"message", o.status.message()}}));
           return;
         }
-        box->Push(srv::SseEvent("done", DoneJson(o)));
+        Json done = DoneJson(o);
+        done.update(done_extra);
+        box->Push(srv::SseEvent("done", done));
       });
       return true;
     });
+  }
+
+  // ----- the UI's chat (POST /api/chat) -----
+
+  // A conversation of the UI: rendered with the model's chat template (as
+  // /v1/chat/completions), or as plain completion for a model without one; the
+  // conversation id keys the prefix cache, so a next turn sends only its new positions.
+  void HandleUiChat(const httplib::Request& req, httplib::Response& res) {
+    auto parsed = srv::ParseUiChatRequest(req.body);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return SendError(res, *e);
+    auto r = std::get<srv::UiChatRequest>(parsed);
+    auto loaded = Loaded();
+    if (auto* e = std::get_if<ApiError>(&loaded)) return SendError(res, *e);
+    auto [model, tok] = std::get<0>(loaded);
+    SamplingParams sp{r.temperature, r.top_k, r.top_p, r.seed};
+    if (Status st = ValidateSamplingParams(sp); !st.ok()) return SendError(res, FromStatus(st));
+    // Rendered and tokenized now, while an earlier turn may still hold the ring.
+    LoadExtras(model);
+    const bool has_template = HasTemplate(model);
+    Result<std::vector<int32_t>> ids = std::vector<int32_t>{};
+    if (has_template) {
+      auto text = RenderChat(model, r.messages, /*add_generation_prompt=*/true, Json::object());
+      if (!text.ok()) return SendError(res, srv::BadRequest(text.status().message(), "messages"));
+      ids = tok->Encode(*text, /*add_special_tokens=*/false);  // the template writes them
+    } else {
+      ids = tok->Encode(srv::PlainChatPrompt(r.messages), /*add_special_tokens=*/true);
+    }
+    if (!ids.ok()) return SendError(res, FromStatus(ids.status(), "messages"));
+    if (ids->empty()) return SendError(res, srv::BadRequest("the conversation is empty (no tokens)", "messages"));
+    const int ctx = r.ctx > 0 ? r.ctx : model.ctx;
+    if (static_cast<int>(ids->size()) >= ctx)
+      return SendError(
+          res, srv::BadRequest("the conversation has " + std::to_string(ids->size()) + " tokens; the context holds " +
+                                   std::to_string(ctx) + ": start a new chat or shorten it",
+                               "messages"));
+    TurnSpec spec;
+    spec.prompt_ids = std::move(*ids);
+    spec.tokenizer = tok;
+    spec.generate.max_tokens = r.max_tokens;
+    spec.generate.sampling = sp;
+    spec.ctx = r.ctx;
+    spec.verify = r.verify;
+    spec.stages = r.stages ? r.stages : DefaultStages();
+    // Its own key space: a UI conversation never takes the slot of an API `user`.
+    if (!r.conversation.empty()) spec.conversation = "ui-chat:" + r.conversation;
+    Json extra = {{"mode", has_template ? "template" : "plain"},
+                  {"conversation", r.conversation.empty() ? Json(nullptr) : Json(r.conversation)},
+                  {"prompt_tokens", spec.prompt_ids.size()}};
+    StreamUiTurn(res, std::move(spec), std::move(extra));
   }
 
   static Json DoneJson(const TurnOutcome& o) {
@@ -1141,6 +1215,8 @@ struct Server::Impl {
              [this](const httplib::Request& req, httplib::Response& res) { HandlePage("/index.html", req, res); });
     http.Get("/app.js", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/app.js", res); });
     http.Get("/style.css", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/style.css", res); });
+    http.Get("/chat.js", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/chat.js", res); });
+    http.Get("/chat.css", [](const httplib::Request&, httplib::Response& res) { ServeAsset("/chat.css", res); });
     http.Get("/api/state", [this](const httplib::Request&, httplib::Response& res) { HandleState(res); });
     http.Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) { HandleEvents(req, res); });
     http.Post("/api/approve", [this](const httplib::Request& req, httplib::Response& res) { HandleApprove(req, res); });
@@ -1148,6 +1224,7 @@ struct Server::Impl {
     http.Post("/api/load", [this](const httplib::Request& req, httplib::Response& res) { HandleLoad(req, res); });
     http.Post("/api/generate",
               [this](const httplib::Request& req, httplib::Response& res) { HandleUiGenerate(req, res); });
+    http.Post("/api/chat", [this](const httplib::Request& req, httplib::Response& res) { HandleUiChat(req, res); });
     http.Post("/apply-template",
               [this](const httplib::Request& req, httplib::Response& res) { HandleApplyTemplate(req, res); });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { HandleModels(res); });

@@ -2,7 +2,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <condition_variable>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "daisy/safetensors.h"
 
@@ -98,6 +102,74 @@ class BlockAssembler {
   std::vector<float> values_;  // (block rows, row_elements)
 };
 
+// Bytes read ahead of the conversion, bounded to `capacity` (a chunk larger than that
+// still passes when the pipe is empty). One producer (the reader thread), one consumer.
+class PrefetchPipe {
+ public:
+  struct Chunk {
+    size_t range = 0;  // index into the plan
+    std::vector<uint8_t> bytes;
+  };
+  explicit PrefetchPipe(size_t capacity) : capacity_(capacity) {}
+
+  // Copies a chunk in, waiting for room; Cancelled once the consumer has given up.
+  Status Push(size_t range, std::span<const uint8_t> chunk) {
+    std::unique_lock lock(mu_);
+    room_.wait(lock, [&] { return cancelled_ || queued_ == 0 || queued_ + chunk.size() <= capacity_; });
+    if (cancelled_) return Aborted("the conversion stopped");
+    Chunk c;
+    if (!spare_.empty()) c.bytes = std::move(spare_.back()), spare_.pop_back();
+    c.range = range;
+    c.bytes.assign(chunk.begin(), chunk.end());
+    queued_ += chunk.size();
+    chunks_.push_back(std::move(c));
+    ready_.notify_one();
+    return Status::Ok();
+  }
+  // The reader's last word: OK after the last range, or why it stopped.
+  void Finish(Status status) {
+    std::lock_guard lock(mu_);
+    finished_ = true;
+    status_ = std::move(status);
+    ready_.notify_one();
+  }
+  void Cancel() {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    room_.notify_one();
+  }
+  // The next chunk; false after the last one; the reader's error once everything before
+  // it has been consumed (so blocks that arrived are still converted, in order).
+  Result<bool> Pop(Chunk& out) {
+    std::unique_lock lock(mu_);
+    ready_.wait(lock, [&] { return finished_ || !chunks_.empty(); });
+    if (chunks_.empty()) {
+      if (!status_.ok()) return status_;
+      return false;
+    }
+    out = std::move(chunks_.front());
+    chunks_.pop_front();
+    queued_ -= out.bytes.size();
+    room_.notify_one();
+    return true;
+  }
+  // Hands a consumed chunk's buffer back for reuse: no allocation per chunk.
+  void Recycle(Chunk&& c) {
+    std::lock_guard lock(mu_);
+    if (spare_.size() < 4) spare_.push_back(std::move(c.bytes));
+  }
+
+ private:
+  const size_t capacity_;
+  std::mutex mu_;
+  std::condition_variable ready_, room_;
+  std::deque<Chunk> chunks_;
+  std::vector<std::vector<uint8_t>> spare_;
+  size_t queued_ = 0;
+  bool finished_ = false, cancelled_ = false;
+  Status status_;
+};
+
 }  // namespace
 
 Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const std::vector<std::string>& names,
@@ -144,51 +216,88 @@ Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const st
   };
   report(0);
 
+  // The download runs one range ahead of the conversion: a thread reads the plan's ranges
+  // into a bounded pipe while this thread turns blocks into their resident form, so a load
+  // takes about max(download, conversion) instead of their sum. The sink and progress are
+  // called on this thread only.
+  PrefetchPipe pipe(kPrefetchBytes);
+  std::thread reader([&] {
+    std::map<std::string, std::unique_ptr<ByteSource>> open;
+    for (size_t ri = 0; ri < plan.size(); ++ri) {
+      const ByteRange& r = plan[ri];
+      auto& file = open[r.file];
+      if (!file) {
+        auto opened = source.OpenFile(r.file);
+        if (!opened.ok()) return pipe.Finish(opened.status());
+        file = std::move(*opened);
+      }
+      Status st = file->ReadStream(r.offset, r.length, [&](std::span<const uint8_t> chunk) {
+        return pipe.Push(ri, chunk);
+      });
+      if (!st.ok()) {
+        return pipe.Finish(st.WithContext("fetching " + r.file + " bytes " + std::to_string(r.offset) + ".." +
+                                          std::to_string(r.offset + r.length)));
+      }
+    }
+    pipe.Finish(Status::Ok());
+  });
+  // Whatever happens below, the reader is stopped and joined before returning.
+  struct JoinReader {
+    PrefetchPipe& pipe;
+    std::thread& reader;
+    ~JoinReader() {
+      pipe.Cancel();
+      reader.join();
+    }
+  } join_reader{pipe, reader};
+
   BlockAssembler blocks(sink);
   size_t next = 0;  // next tensor (in infos order) to complete
   bool started = false;     // whether infos[next]'s first byte has been taken
   uint64_t range_base = 0;  // bytes of the plan before the current range
-  std::map<std::string, std::unique_ptr<ByteSource>> open;
-  for (const auto& r : plan) {
-    auto& file = open[r.file];
-    if (!file) {
-      DAISY_ASSIGN_OR_RETURN(file, source.OpenFile(r.file));
+  size_t ri = 0;            // the range the next chunk belongs to
+  uint64_t pos = plan.empty() ? 0 : plan[0].offset;  // absolute file offset of the next byte to arrive
+  PrefetchPipe::Chunk piece;
+  while (true) {
+    DAISY_ASSIGN_OR_RETURN(const bool more, pipe.Pop(piece));
+    if (!more) break;
+    while (ri < piece.range) {  // the reader moved on: ranges are delivered whole and in order
+      range_base += plan[ri].length;
+      ++ri;
+      pos = plan[ri].offset;
     }
-    uint64_t pos = r.offset;  // absolute file offset of the next byte to arrive
-    Status st = file->ReadStream(r.offset, r.length, [&](std::span<const uint8_t> chunk) -> Status {
-      size_t used = 0;
-      while (used < chunk.size()) {
-        if (next >= infos.size() || infos[next]->file != r.file || infos[next]->offset >= r.offset + r.length) {
-          used = chunk.size();  // trailing gap bytes
-          break;
-        }
-        const TensorInfo& t = *infos[next];
-        if (t.bytes == 0) {  // nothing to wait for
-          DAISY_RETURN_IF_ERROR(blocks.DeliverEmpty(t));
-          ++next;
-          continue;
-        }
-        const uint64_t here = pos + used;
-        if (here < t.offset) {  // gap bytes before the tensor
-          used += static_cast<size_t>(std::min<uint64_t>(t.offset - here, chunk.size() - used));
-          continue;
-        }
-        if (!started) blocks.Begin(t), started = true;
-        const size_t take = std::min(blocks.Room(), chunk.size() - used);
-        blocks.Append(chunk.subspan(used, take));
-        used += take;
-        if (blocks.Room() == 0) {
-          DAISY_ASSIGN_OR_RETURN(const bool done, blocks.Deliver());
-          if (done) ++next, started = false;
-          report(range_base + (pos + used - r.offset));
-        }
+    const ByteRange& r = plan[ri];
+    const std::span<const uint8_t> chunk(piece.bytes);
+    size_t used = 0;
+    while (used < chunk.size()) {
+      if (next >= infos.size() || infos[next]->file != r.file || infos[next]->offset >= r.offset + r.length) {
+        used = chunk.size();  // trailing gap bytes
+        break;
       }
-      pos += chunk.size();
-      report(range_base + (pos - r.offset));
-      return Status::Ok();
-    });
-    if (!st.ok()) return st.WithContext("fetching " + r.file + " bytes " + std::to_string(r.offset) + ".." + std::to_string(r.offset + r.length));
-    range_base += r.length;
+      const TensorInfo& t = *infos[next];
+      if (t.bytes == 0) {  // nothing to wait for
+        DAISY_RETURN_IF_ERROR(blocks.DeliverEmpty(t));
+        ++next;
+        continue;
+      }
+      const uint64_t here = pos + used;
+      if (here < t.offset) {  // gap bytes before the tensor
+        used += static_cast<size_t>(std::min<uint64_t>(t.offset - here, chunk.size() - used));
+        continue;
+      }
+      if (!started) blocks.Begin(t), started = true;
+      const size_t take = std::min(blocks.Room(), chunk.size() - used);
+      blocks.Append(chunk.subspan(used, take));
+      used += take;
+      if (blocks.Room() == 0) {
+        DAISY_ASSIGN_OR_RETURN(const bool done, blocks.Deliver());
+        if (done) ++next, started = false;
+        report(range_base + (pos + used - r.offset));
+      }
+    }
+    pos += chunk.size();
+    report(range_base + (pos - r.offset));
+    pipe.Recycle(std::move(piece));
   }
   // Zero-byte tensors not covered by any range.
   while (next < infos.size()) {

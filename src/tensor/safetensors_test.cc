@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 namespace daisy {
 namespace {
@@ -357,6 +360,131 @@ TEST(FetchTensorBlocks, HandsOverBoundedBlocksOfWholeRows) {
   EXPECT_TRUE(std::is_sorted(ticks.begin(), ticks.end()));
   EXPECT_EQ(ticks.front(), 0u);
   EXPECT_EQ(ticks.back(), big_bytes + 22);
+  fs::remove_all(dir);
+}
+
+// A local folder whose files count the bytes a read has handed over (after the sink took
+// them), and can fail once `fail_after` bytes have gone.
+class ReadAheadSource final : public ModelSource {
+ public:
+  explicit ReadAheadSource(std::string dir) : inner_(OpenLocalFolder(dir).value()) {}
+  std::string Describe() const override { return inner_->Describe(); }
+  std::string ModelId() const override { return inner_->ModelId(); }
+  std::string Revision() const override { return inner_->Revision(); }
+  Result<std::string> ReadFile(std::string_view f) override { return inner_->ReadFile(f); }
+  Result<std::unique_ptr<ByteSource>> OpenFile(std::string_view f) override {
+    DAISY_ASSIGN_OR_RETURN(auto inner, inner_->OpenFile(f));
+    return std::unique_ptr<ByteSource>(new File(std::move(inner), this));
+  }
+  std::atomic<uint64_t> handed{0};
+  uint64_t fail_after = UINT64_MAX;
+
+ private:
+  class File final : public ByteSource {
+   public:
+    File(std::unique_ptr<ByteSource> inner, ReadAheadSource* owner) : inner_(std::move(inner)), owner_(owner) {}
+    const std::string& name() const override { return inner_->name(); }
+    Result<uint64_t> Size() override { return inner_->Size(); }
+    Status ReadStream(uint64_t off, uint64_t len, const ChunkSink& sink) override {
+      // Small chunks, as an HTTP body arrives.
+      return inner_->ReadStream(off, len, [&](std::span<const uint8_t> chunk) -> Status {
+        for (size_t at = 0; at < chunk.size(); at += 64 << 10) {
+          if (owner_->handed >= owner_->fail_after) return Unavailable("connection reset (test)");
+          const auto piece = chunk.subspan(at, std::min<size_t>(64 << 10, chunk.size() - at));
+          DAISY_RETURN_IF_ERROR(sink(piece));
+          owner_->handed += piece.size();
+        }
+        return Status::Ok();
+      });
+    }
+
+   private:
+    std::unique_ptr<ByteSource> inner_;
+    ReadAheadSource* owner_;
+  };
+  std::unique_ptr<ModelSource> inner_;
+};
+
+// One BF16 tensor (rows, cols) of counting values in dir/model.safetensors; its byte count.
+uint64_t WriteBf16Model(const fs::path& dir, int64_t rows, int64_t cols) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const uint64_t n_bytes = static_cast<uint64_t>(rows * cols) * 2;
+  nlohmann::json h = nlohmann::json::object();
+  h["big"] = {{"dtype", "BF16"}, {"shape", {rows, cols}}, {"data_offsets", {0, n_bytes}}};
+  std::string bytes = FileBytes(h.dump(), 0);
+  for (uint64_t i = 0; i < n_bytes / 2; ++i) {
+    const uint16_t bits = static_cast<uint16_t>(0x3f80 + (i % 64));  // finite values
+    bytes.push_back(static_cast<char>(bits & 0xff));
+    bytes.push_back(static_cast<char>(bits >> 8));
+  }
+  std::ofstream(dir / "model.safetensors", std::ios::binary) << bytes;
+  return n_bytes;
+}
+
+// The download runs ahead of the conversion: while the sink still holds the first block,
+// the reader goes on and hands over the rest of the range (it fits the read-ahead). A
+// fetch that reads only when the sink returns never gets there and times out here.
+TEST(FetchTensorBlocks, ReadsAheadWhileTheSinkConverts) {
+  const auto dir = fs::temp_directory_path() / ("daisy_readahead_" + std::to_string(::getpid()));
+  const uint64_t total = WriteBf16Model(dir, 3000, 700);  // 4.2 MB: blocks of 1497 rows
+  ASSERT_LT(total, kPrefetchBytes);
+  ReadAheadSource src(dir.string());
+  auto index = TensorIndex::Load(src);
+  ASSERT_TRUE(index.ok()) << index.status().message();
+  src.handed = 0;  // the header's bytes
+  int blocks = 0;
+  uint64_t handed_then = 0;
+  const Status st = FetchTensorBlocks(src, *index, {"big"}, [&](const TensorBlock& b) -> Status {
+    if (blocks++ == 0) {
+      EXPECT_LT(b.raw.size(), total);
+      // Bounded wait: 10 s at most.
+      for (int i = 0; i < 1000 && src.handed < total; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      handed_then = src.handed;
+    }
+    return Status::Ok();
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(handed_then, total) << "bytes read while the first block converted";
+  EXPECT_EQ(blocks, 3);
+  fs::remove_all(dir);
+}
+
+// A sink that fails stops the fetch with its own error (the reader is stopped and joined);
+// a reader that fails mid-range reports where, after every block that arrived whole was
+// converted.
+TEST(FetchTensorBlocks, ErrorsFromEitherSideStopTheFetch) {
+  const auto dir = fs::temp_directory_path() / ("daisy_readahead_err_" + std::to_string(::getpid()));
+  const uint64_t total = WriteBf16Model(dir, 30000, 700);  // 42 MB: more than the read-ahead
+  {
+    ReadAheadSource src(dir.string());
+    auto index = TensorIndex::Load(src);
+    ASSERT_TRUE(index.ok());
+    src.handed = 0;
+    const Status st = FetchTensorBlocks(src, *index, {"big"}, [&](const TensorBlock&) -> Status {
+      return InvalidArgument("the sink refuses (test)");
+    });
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("the sink refuses (test)"), std::string::npos) << st.ToString();
+    EXPECT_LT(src.handed.load(), total);  // the reader stopped early
+  }
+  {
+    ReadAheadSource src(dir.string());
+    auto index = TensorIndex::Load(src);
+    ASSERT_TRUE(index.ok());
+    src.handed = 0;
+    src.fail_after = 10u << 20;
+    int64_t rows_done = 0;
+    const Status st = FetchTensorBlocks(src, *index, {"big"}, [&](const TensorBlock& b) -> Status {
+      rows_done = b.row_begin + b.n_rows;
+      return Status::Ok();
+    });
+    EXPECT_EQ(st.code(), ErrorCode::kUnavailable) << st.ToString();
+    EXPECT_NE(st.message().find("connection reset (test)"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("fetching model.safetensors bytes"), std::string::npos) << st.ToString();
+    // 10 MiB arrived: every whole block in it was converted (blocks of 1497 rows of 1400 B).
+    EXPECT_EQ(rows_done, (10 << 20) / (1497 * 1400) * 1497);
+  }
   fs::remove_all(dir);
 }
 

@@ -102,6 +102,12 @@ await runTest('browser_test', async () => {
     check(await page.locator('.approve-btn:visible').count() === 0, 'an Approve button is still visible after approving every device');
     const deviceCount = await page.locator('.device[data-status="approved"]').count();
     check(deviceCount >= 3, `expected at least 3 approved devices (head + 2 nodes), the UI shows ${deviceCount}`);
+    // Each approved device card names its backend: one, or the choice per product shape.
+    const backends = await page.locator('.device[data-status="approved"] .v-backend').allInnerTexts();
+    const oneBackend = '(scalar|avx2|avx512vnni|neon)';
+    const backendRe = new RegExp(`^(${oneBackend}|gemv ${oneBackend} · gemm ${oneBackend} · attention ${oneBackend})$`);
+    check(backends.length >= 3 && backends.every((b) => backendRe.test(b.trim())),
+      `device cards should show the backend (or one per product shape), they show: ${JSON.stringify(backends)}`);
 
     // ---- a model that does not exist: a clear message ----
     step('load a folder that does not exist');
