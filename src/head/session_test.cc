@@ -10,6 +10,9 @@
 #include <thread>
 
 #include "daisy/head.h"
+#include "daisy/source.h"
+#include "daisy/plan.h"
+#include "daisy/forward.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
 #include "test_ring.h"
@@ -119,6 +122,47 @@ TEST_F(SessionTest, TwoChatsDoNotEraseEachOther) {
   HeadReport b2r = Turn(b2, "chat-b", 8, /*verify=*/true);
   EXPECT_EQ(b2r.reused_positions, static_cast<int>(b.size() + b1.ids.size() - 1));
   EXPECT_TRUE(b2r.verified.value_or(false)) << b2r.verify_message;
+}
+
+// A node keeps other conversations' caches only where they fit its memory budget beside
+// the one the plan counted: with room for one cache, a second conversation evicts the
+// first, so the first's next turn reuses nothing (and its ids are still exact).
+TEST(SessionBudgetTest, ANodeKeepsOnlyTheCachesItsBudgetHolds) {
+  auto src = OpenLocalFolder(StoriesModel());
+  ASSERT_TRUE(src.ok());
+  auto info = LoadModelInfo(**src);
+  ASSERT_TRUE(info.ok());
+  constexpr int kCtx = 256;
+  const PlanModel pm = PlanModelOf(*info, kCtx);
+  const uint64_t kv2 = KvCache(info->spec, 0, 2, kCtx).Bytes();  // one conversation, 2 layers
+  ASSERT_GT(kv2, 0u);
+  InProcessRing ring;
+  const uint64_t budget = pm.Need(2, false) + kv2 / 2;  // the plan's need, not a second cache
+  ASSERT_EQ(ring.Start({{"node-a", 0, {}, budget}, {"node-b", 0, {}, budget}}), "");
+  SessionOptions so = ring.HeadOptions("budget-head");
+  so.plan = std::vector<int>{1, 2, 2};
+  auto s = HeadSession::Start(so);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_TRUE((*s)->Load(StoriesModel(), kCtx).ok());
+  auto turn = [&](const std::vector<int32_t>& prompt, const std::string& conversation) {
+    TurnRequest r;
+    r.prompt_ids = prompt;
+    r.conversation = conversation;
+    r.generate.max_tokens = 8;
+    auto rep = (*s)->Generate(r);
+    EXPECT_TRUE(rep.ok()) << rep.status().message();
+    return rep.ok() ? *rep : HeadReport{};
+  };
+  auto a = *(*s)->tokenizer()->Encode("The cat sat on the mat and", true);
+  auto b = *(*s)->tokenizer()->Encode("Tom had a red ball. He", true);
+  HeadReport a1 = turn(a, "chat-a");
+  ASSERT_EQ(a1.plan.size(), 3u);
+  turn(b, "chat-b");
+  a.insert(a.end(), a1.ids.begin(), a1.ids.end());
+  HeadReport a2 = turn(a, "chat-a");
+  EXPECT_EQ(a2.reused_positions, 0) << "a node kept two caches where its budget holds one";
+  HeadReport fresh = turn(a, "chat-a-fresh");
+  EXPECT_EQ(a2.ids, fresh.ids);
 }
 
 TEST_F(SessionTest, ADivergingPromptKeepsOnlyTheCommonPrefixAndStaysExact) {

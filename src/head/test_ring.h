@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +30,7 @@ class InProcessRing {
     std::string role;       // also its name
     int flip_every = 0;     // a TestNodeFaults flipping a bit of every Nth hop (0: honest)
     test::TestNodeFaults::Lie lie = test::TestNodeFaults::Lie::kInOutput;  // where the flip goes
+    std::optional<uint64_t> max_memory;  // the node's --max-memory (default: what the OS has)
   };
 
   // Makes a DAISY_HOME under /tmp, starts the rendezvous and the nodes. Returns "" or why not.
@@ -73,6 +75,7 @@ class InProcessRing {
         o.print_tokens = false;
         o.stop = &stop_;
         o.faults = faults;
+        o.max_memory = n.max_memory;
         o.models_dirs = {std::getenv("DAISY_MODELS")};
         o.hub.cache_dir = (home_ / n.role).string();
         Status st = RunNode(o);

@@ -250,7 +250,17 @@ class Node {
     for (auto& s : slots_)
       if (s.key == a.cache_key) slot = &s;
     if (!slot) {
-      if (static_cast<int>(slots_.size()) >= std::max(1, o_.cache_slots)) {
+      // A new conversation's cache: the least recently used ones make room, for the slot
+      // count and for the memory budget (the plan counted one cache at this context; the
+      // caches kept for other conversations must fit beside it, or they go).
+      const uint64_t need = PlanModelOf(*slice_.info, a.ctx).Need(slice_.end - slice_.first, false);
+      auto kept_bytes = [&] {
+        uint64_t b = 0;
+        for (const auto& s : slots_) b += s.kv->Bytes();
+        return b;
+      };
+      while (!slots_.empty() && (static_cast<int>(slots_.size()) >= std::max(1, o_.cache_slots) ||
+                                 need + kept_bytes() > hello_.free_memory)) {
         auto lru = std::min_element(slots_.begin(), slots_.end(), [](const CacheSlot& x, const CacheSlot& y) { return x.last_used < y.last_used; });
         slots_.erase(lru);
       }
