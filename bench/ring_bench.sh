@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Ring throughput on loopback: decode tok/s with 1, 2 and 3 stages for one model, and the
-# share of a lap spent outside the head (transport + remote compute). Prints numbers only;
-# figures are medians of REPEAT runs. Usage: bench/ring_bench.sh MODEL_DIR [TOKENS] [REPEAT]
+# share of a lap spent outside the head (transport + remote compute); then the prefill of a
+# PREFILL-token prompt (default 512) with 1, 2 and 3 stages of THREADS kernel threads each
+# (default 1): pipelined chunks keep every stage busy at once. Prints numbers only; figures
+# are medians of REPEAT runs. Usage: bench/ring_bench.sh MODEL_DIR [TOKENS] [REPEAT]
+# Environment: PREFILL (prompt tokens), THREADS (per stage), SKIP_DECODE=1 (prefill only).
 set -euo pipefail
 BIN=${BIN:-build/apps/cli/daisychain}
 MODEL=${1:?usage: bench/ring_bench.sh MODEL_DIR [TOKENS] [REPEAT]}
 TOKENS=${2:-64}
 REPEAT=${3:-3}
+PREFILL=${PREFILL:-512}
+THREADS=${THREADS:-1}
 TMP=$(mktemp -d /tmp/daisy-ring-bench-XXXXXX)
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 cleanup() { kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$TMP"; }
@@ -15,13 +20,17 @@ trap cleanup EXIT
 DAISY_HOME=$TMP/serve $BIN serve --port "$PORT" --auto-approve --no-compute >"$TMP/serve.log" 2>&1 &
 # The nodes open the local model only under a folder they are given (--models-dir).
 MODELS_DIR=$(cd "$MODEL" && pwd)
-for i in 1 2; do DAISY_HOME=$TMP/node$i $BIN node --join 127.0.0.1:$PORT --name node$i --models-dir "$MODELS_DIR" >"$TMP/node$i.log" 2>&1 & done
+for i in 1 2; do
+  DAISY_HOME=$TMP/node$i $BIN node --join 127.0.0.1:$PORT --name node$i --models-dir "$MODELS_DIR" --threads "$THREADS" \
+    >"$TMP/node$i.log" 2>&1 &
+done
 sleep 2
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(d$1)"; }
 
-echo "model $MODEL, $TOKENS tokens, median of $REPEAT runs"
+echo "model $MODEL, $TOKENS tokens, median of $REPEAT runs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${SKIP_DECODE:-0}" != 1 ]; then
 single=()
 for r in $(seq "$REPEAT"); do
   single+=("$(DAISY_HOME=$TMP/gen $BIN generate --model "$MODEL" --prompt "Once upon a time" -n "$TOKENS" --json 2>/dev/null | field "['decode_tokens_per_s']")")
@@ -40,3 +49,44 @@ for stages in 2 3; do
   ratio=$(python3 -c "print(f'{$t/$s1:.2f}')")
   echo "$stages stages (ring, loopback): decode $t tok/s (x$ratio of 1 stage); share of the turn inside laps: $l"
 done
+fi
+
+# A prompt of exactly PREFILL tokens (with the tokenizer's special tokens): words are added,
+# then the surplus is trimmed, until the model's tokenizer counts PREFILL.
+PROMPT=$(BIN=$BIN MODEL=$MODEL PREFILL=$PREFILL python3 - <<'PY'
+import json, os, subprocess
+words = ("the quick brown fox jumps over a lazy dog while seven small birds sing in the old green tree "
+         "and a river runs past the quiet town where people walk to work every morning").split()
+n = int(os.environ["PREFILL"])
+count = lambda text: len(json.loads(subprocess.run([os.environ["BIN"], "tokenize", "--model", os.environ["MODEL"], "--json", text],
+                                                   capture_output=True, text=True, check=True).stdout)["ids"])
+k = n
+for _ in range(20):
+    text = " ".join(words[i % len(words)] for i in range(k))
+    c = count(text)
+    if c == n:
+        break
+    k += n - c
+print(text)
+PY
+)
+PROMPT_IDS=$($BIN tokenize --model "$MODEL" --json "$PROMPT" | field "['ids'].__len__()")
+echo "prefill of $PROMPT_IDS tokens, $THREADS thread(s) per stage:"
+p1=()
+for r in $(seq "$REPEAT"); do
+  p1+=("$(DAISY_HOME=$TMP/gen $BIN generate --model "$MODEL" --prompt "$PROMPT" -n 1 --threads "$THREADS" --json 2>/dev/null |
+          field "['prefill_tokens_per_s']")")
+done
+pf1=$(printf '%s\n' "${p1[@]}" | median)
+echo "1 stage (generate):        prefill $pf1 tok/s"
+for stages in 2 3; do
+  ps=()
+  for r in $(seq "$REPEAT"); do
+    out=$(DAISY_HOME=$TMP/head $BIN run --join 127.0.0.1:$PORT --model "$MODEL" --prompt "$PROMPT" -n 1 --stages $stages \
+          --threads "$THREADS" --json 2>/dev/null)
+    ps+=("$(echo "$out" | field "['prompt_ids'].__len__() / d['prefill_seconds']")")
+  done
+  p=$(printf '%s\n' "${ps[@]}" | median)
+  echo "$stages stages (ring, loopback): prefill $p tok/s (x$(python3 -c "print(f'{$p/$pf1:.2f}')") of 1 stage)"
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -4,6 +4,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "daisy/kernels.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
 #include "faults.h"
@@ -22,12 +23,14 @@ struct NodeFlags {
   std::string server_key;
   bool no_cache = false;
   std::vector<std::string> models_dirs;
+  int threads = 0;
 };
 
 int RunNodeCommand(const NodeFlags& f) {
   auto addr = net::JoinAddress(f.join);
   if (!addr.ok()) return ReportError(addr.status().message(), 2);
   InstallStopSignals();
+  if (f.threads > 0) kernels::SetThreads(f.threads);  // before the capacity the hello reports is measured
   NodeOptions o;
   o.rendezvous = *addr;
   o.room = f.room;
@@ -68,6 +71,7 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
                   "repo ids. A path outside every such folder (symlinks and .. resolved) is refused, unread")
       ->allow_extra_args(false);
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk slice cache");
+  sub->add_option("--threads", f->threads, "Kernel threads (default: all cores)")->check(CLI::Range(1, 1024));
   return [f] { return RunNodeCommand(*f); };
 });
 

@@ -38,6 +38,8 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
                           {"ring_hops", r.ring_hops},
                           {"laps", r.laps},
                           {"lap_seconds", r.lap_seconds},
+                          {"drafted", r.drafted},
+                          {"accepted", r.accepted},
                           {"replays", r.replays},
                           {"ring_positions", r.ring_positions},
                           {"reused_positions", r.reused_positions},
@@ -55,8 +57,9 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
     std::printf("%s\n", out.dump().c_str());
     return;
   }
-  std::printf("\n\n%zu tokens (%s), %.1f tok/s decode, %lld ring hops in %lld laps%s\n", r.ids.size(), r.finish_reason.c_str(),
-              r.tokens_per_s, static_cast<long long>(r.ring_hops), static_cast<long long>(r.laps),
+  std::printf("\n\n%zu tokens (%s), %.1f tok/s decode, %lld ring hops in %lld laps, lookahead kept %d of %d drafts%s\n",
+              r.ids.size(), r.finish_reason.c_str(), r.tokens_per_s, static_cast<long long>(r.ring_hops),
+              static_cast<long long>(r.laps), r.accepted, r.drafted,
               r.replays ? ", replayed once after a stage dropped" : "");
   if (r.audited_hops > 0)
     std::printf("audit: %lld hop(s) drawn, %lld re-run and compared bit for bit%s\n", static_cast<long long>(r.audited_hops),
