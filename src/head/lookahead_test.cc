@@ -130,5 +130,27 @@ TEST_F(LookaheadRingTest, IdsBitsAndCachesEqualARunWithoutDrafts) {
   }
 }
 
+// Pipelined prefill on the ring: a prompt of over 120 positions goes in chunks of 16 with
+// one per stage in flight; the bits of every step equal those of the single-device run
+// Verify makes, which prefills it in one chunk, and the ids equal a run without drafts.
+TEST_F(LookaheadRingTest, PipelinedPrefillOfALongPromptEqualsOneChunk) {
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += "Tom had a red ball and a little dog. ";
+  auto ids = session_->tokenizer()->Encode(text, true);
+  ASSERT_TRUE(ids.ok());
+  ASSERT_GT(ids->size(), 120u);
+  TurnRequest r;
+  r.prompt_ids = *ids;
+  r.generate.max_tokens = 20;
+  r.conversation = "long-prompt";
+  r.verify = true;
+  auto t = session_->Generate(r);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_TRUE(t->verified.value_or(false)) << t->verify_message;
+  GenerateOptions o;
+  o.max_tokens = 20;
+  EXPECT_EQ(t->ids, Single(*ids, o).ids);
+}
+
 }  // namespace
 }  // namespace daisy
