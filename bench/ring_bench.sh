@@ -71,22 +71,31 @@ print(text)
 PY
 )
 PROMPT_IDS=$($BIN tokenize --model "$MODEL" --json "$PROMPT" | field "['ids'].__len__()")
-echo "prefill of $PROMPT_IDS tokens, $THREADS thread(s) per stage:"
+# An even split: on one shared machine each process measures its capacity at a different
+# moment under a different load, and the plan would follow that noise (21 + 9 layers of 30
+# was seen), which measures the plan, not the pipeline.
+LAYERS=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['num_hidden_layers'])")
+even() { python3 -c "n, k = $LAYERS, $1; print(','.join(str(n // k + (1 if i >= k - n % k else 0)) for i in range(k)))"; }
+echo "prefill of $PROMPT_IDS tokens, $THREADS thread(s) per stage, layers split evenly:"
 p1=()
 for r in $(seq "$REPEAT"); do
   p1+=("$(DAISY_HOME=$TMP/gen $BIN generate --model "$MODEL" --prompt "$PROMPT" -n 1 --threads "$THREADS" --json 2>/dev/null |
           field "['prefill_tokens_per_s']")")
 done
 pf1=$(printf '%s\n' "${p1[@]}" | median)
-echo "1 stage (generate):        prefill $pf1 tok/s"
+echo "1 stage (generate):        prefill $(printf %.1f "$pf1") tok/s"
 for stages in 2 3; do
-  ps=()
+  ps=(); busy=()
   for r in $(seq "$REPEAT"); do
     out=$(DAISY_HOME=$TMP/head $BIN run --join 127.0.0.1:$PORT --model "$MODEL" --prompt "$PROMPT" -n 1 --stages $stages \
-          --threads "$THREADS" --json 2>/dev/null)
+          --plan "$(even $stages)" --threads "$THREADS" --json 2>/dev/null)
     ps+=("$(echo "$out" | field "['prompt_ids'].__len__() / d['prefill_seconds']")")
+    # How much of the prefill each node spent inside its layers: near 1 when the chunks keep
+    # it busy (pipelined), about 1/stages when it waits for one chunk at a time.
+    busy+=("$(echo "$out" | field "['stage_latency'] and min(s['compute_seconds'] for s in d['stage_latency'][1:]) / d['prefill_seconds']")")
   done
   p=$(printf '%s\n' "${ps[@]}" | median)
-  echo "$stages stages (ring, loopback): prefill $p tok/s (x$(python3 -c "print(f'{$p/$pf1:.2f}')") of 1 stage)"
+  b=$(printf '%s\n' "${busy[@]}" | median)
+  echo "$stages stages (ring, loopback, plan $(even $stages)): prefill $(printf %.1f "$p") tok/s (x$(python3 -c "print(f'{$p/$pf1:.2f}')") of 1 stage); the least busy node computed $(printf %.2f "$b") of the time"
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

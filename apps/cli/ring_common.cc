@@ -27,6 +27,11 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
     nlohmann::json plan = nlohmann::json::array();
     for (const auto& s : r.plan)
       plan.push_back({{"device", s.device_name}, {"device_id", s.device_id}, {"layers", {s.first, s.end}}, {"bytes", s.download_bytes}});
+    // Each stage's share of the turn, as it measured it (the head's: the time outside laps).
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& l : r.stage_latency)
+      stages.push_back(
+          {{"stage", l.stage}, {"device", l.device_name}, {"hops", l.hops}, {"compute_seconds", l.compute_seconds}});
     nlohmann::json out = {{"prompt_ids", r.prompt_ids},
                           {"ids", r.ids},
                           {"text", r.text},
@@ -38,6 +43,7 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
                           {"ring_hops", r.ring_hops},
                           {"laps", r.laps},
                           {"lap_seconds", r.lap_seconds},
+                          {"stage_latency", stages},
                           {"drafted", r.drafted},
                           {"accepted", r.accepted},
                           {"replays", r.replays},
