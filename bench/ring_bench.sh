@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Ring throughput on loopback: decode tok/s with 1, 2 and 3 stages for one model, and the
-# share of a lap spent outside the head (transport + remote compute); then the prefill of a
+# share of a lap spent outside the head (transport + remote compute), one position per lap
+# (--no-lookahead: bench/lookahead_bench.sh measures the drafts); then the prefill of a
 # PREFILL-token prompt (default 512) with 1, 2 and 3 stages of THREADS kernel threads each
 # (default 1): pipelined chunks keep every stage busy at once. Prints numbers only; figures
 # are medians of REPEAT runs. Usage: bench/ring_bench.sh MODEL_DIR [TOKENS] [REPEAT]
@@ -33,14 +34,14 @@ echo "model $MODEL, $TOKENS tokens, median of $REPEAT runs; load average $(cut -
 if [ "${SKIP_DECODE:-0}" != 1 ]; then
 single=()
 for r in $(seq "$REPEAT"); do
-  single+=("$(DAISY_HOME=$TMP/gen $BIN generate --model "$MODEL" --prompt "Once upon a time" -n "$TOKENS" --json 2>/dev/null | field "['decode_tokens_per_s']")")
+  single+=("$(DAISY_HOME=$TMP/gen $BIN generate --model "$MODEL" --prompt "Once upon a time" -n "$TOKENS" --no-lookahead --json 2>/dev/null | field "['decode_tokens_per_s']")")
 done
 s1=$(printf '%s\n' "${single[@]}" | median)
 echo "1 stage (generate):        decode $s1 tok/s"
 for stages in 2 3; do
   tps=(); lapshare=()
   for r in $(seq "$REPEAT"); do
-    out=$(DAISY_HOME=$TMP/head $BIN run --join 127.0.0.1:$PORT --model "$MODEL" --prompt "Once upon a time" -n "$TOKENS" --stages $stages --json 2>/dev/null)
+    out=$(DAISY_HOME=$TMP/head $BIN run --join 127.0.0.1:$PORT --model "$MODEL" --prompt "Once upon a time" -n "$TOKENS" --stages $stages --no-lookahead --json 2>/dev/null)
     tps+=("$(echo "$out" | field "['tokens_per_s']")")
     lapshare+=("$(echo "$out" | field "['lap_seconds'] / (d['prefill_seconds'] + d['decode_seconds'])")")
   done
