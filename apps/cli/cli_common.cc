@@ -29,6 +29,10 @@ void AddGenFlags(CLI::App* sub, GenFlags& f) {
   sub->add_option("--top-p", f.top_p, "Nucleus sampling mass; 1 = off");
   sub->add_option("--ctx", f.ctx, "Context length (default: the model's, at most 4096)");
   sub->add_option("--stop-id", f.stop_ids, "Extra token id that ends generation (repeatable); the model's eos ids always do");
+  sub->add_flag(
+      "--no-lookahead", f.no_lookahead,
+      "Do not draft: by default each decode step also scores the tokens that followed an earlier occurrence of "
+      "the text's last few ids and keeps those equal to what is sampled (same ids either way)");
 }
 
 GenerateOptions ToGenerateOptions(const GenFlags& f) {
@@ -39,6 +43,7 @@ GenerateOptions ToGenerateOptions(const GenFlags& f) {
   g.sampling.top_k = f.top_k;
   g.sampling.top_p = f.top_p;
   for (int id : f.stop_ids) g.stop_ids.push_back(id);
+  g.lookahead = f.no_lookahead ? 0 : kDefaultLookahead;
   return g;
 }
 

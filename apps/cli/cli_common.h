@@ -30,6 +30,7 @@ struct GenFlags {
   float top_p = 1.0f;
   int ctx = 0;
   std::vector<int> stop_ids;
+  bool no_lookahead = false;
 };
 void AddGenFlags(CLI::App* sub, GenFlags& flags);
 GenerateOptions ToGenerateOptions(const GenFlags& flags);

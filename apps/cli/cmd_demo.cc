@@ -112,6 +112,7 @@ int RunDemo(const DemoFlags& f) {
   o.session.hub.cache_dir = (tmp / "head/cache").string();
   o.prompt = f.prompt;
   o.generate = ToGenerateOptions(f.gen);
+  o.session.lookahead = o.generate.lookahead;
   o.ctx = f.gen.ctx;
   o.session.stages = f.nodes + 1;
   o.verify = true;

@@ -145,6 +145,10 @@ int RunGenerate(const GenerateCliOptions& o) {
     j["decode_tokens"] = r->decode_steps;
     j["decode_seconds"] = r->decode_seconds;
     j["decode_tokens_per_s"] = decode_tps;
+    j["lookahead"] = g.lookahead;  // drafts per step at most; 0 = off (--no-lookahead)
+    j["decode_laps"] = r->decode_laps;
+    j["drafted"] = r->drafted;
+    j["accepted"] = r->accepted;
     j["peak_memory_bytes"] = peak;
     j["peak_rss_bytes"] = PeakRssBytes();
     j["weight_bytes"] = pipeline->WeightBytes();
@@ -161,9 +165,11 @@ int RunGenerate(const GenerateCliOptions& o) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     std::fprintf(stderr,
-                 "[%s] prefill %d tokens at %.1f tok/s, decode %d tokens at %.1f tok/s, peak memory %.1f MB, %s\n",
+                 "[%s] prefill %d tokens at %.1f tok/s, decode %d tokens at %.1f tok/s (lookahead: %d of %d drafts "
+                 "kept), peak memory %.1f MB, %s\n",
                  std::string(FinishReasonName(r->finish_reason)).c_str(), r->prefill_tokens, prefill_tps,
-                 r->decode_steps, decode_tps, static_cast<double>(peak) / 1e6, backend.c_str());
+                 r->decode_steps, decode_tps, r->accepted, r->drafted, static_cast<double>(peak) / 1e6,
+                 backend.c_str());
   }
   return 0;
 }

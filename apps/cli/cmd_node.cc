@@ -4,6 +4,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "daisy/kernels.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
 #include "faults.h"
@@ -23,6 +24,7 @@ struct NodeFlags {
   bool no_cache = false;
   std::vector<std::string> models_dirs;
   std::string max_memory;
+  int threads = 0;
 };
 
 int RunNodeCommand(const NodeFlags& f) {
@@ -31,6 +33,7 @@ int RunNodeCommand(const NodeFlags& f) {
   auto budget = ParseMaxMemory(f.max_memory);
   if (!budget.ok()) return ReportError(budget.status().message(), 2);
   InstallStopSignals();
+  if (f.threads > 0) kernels::SetThreads(f.threads);  // before the capacity the hello reports is measured
   NodeOptions o;
   o.max_memory = *budget;
   o.rendezvous = *addr;
@@ -73,6 +76,7 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
       ->allow_extra_args(false);
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk slice cache");
   AddMaxMemoryFlag(sub, f->max_memory);
+  sub->add_option("--threads", f->threads, "Kernel threads (default: all cores)")->check(CLI::Range(1, 1024));
   return [f] { return RunNodeCommand(*f); };
 });
 

@@ -7,6 +7,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "daisy/head.h"
+#include "daisy/kernels.h"
 #include "daisy/log.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
@@ -32,6 +33,7 @@ struct RunFlags {
   std::string server_key;
   double lap_timeout = 60;
   std::string max_memory;
+  int threads = 0;
 };
 
 Result<std::vector<int>> ParsePlan(const std::string& s) {
@@ -55,6 +57,7 @@ Result<std::vector<int>> ParsePlan(const std::string& s) {
 int RunRun(const RunFlags& f) {
   auto addr = net::JoinAddress(f.join);
   if (!addr.ok()) return ReportError(addr.status().message(), 2);
+  if (f.threads > 0) kernels::SetThreads(f.threads);  // before the capacity the hello reports is measured
   HeadOptions o;
   SessionOptions& so = o.session;
   so = f.session;
@@ -73,6 +76,7 @@ int RunRun(const RunFlags& f) {
   o.model = f.model;
   o.prompt = f.prompt;
   o.generate = ToGenerateOptions(f.gen);
+  so.lookahead = o.generate.lookahead;
   o.ctx = f.gen.ctx;
   if (f.stages > 0) so.stages = f.stages;
   if (!f.plan.empty()) {
@@ -125,6 +129,8 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
   AddAuditFlags(sub, f->session);
   sub->add_flag("--json", f->json, "Print one JSON object at the end instead of streaming text");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
+  sub->add_option("--threads", f->threads, "Kernel threads of this device (default: all cores)")
+      ->check(CLI::Range(1, 1024));
   return [f] { return RunRun(*f); };
 });
 

@@ -39,6 +39,7 @@ struct ServeFlags {
   bool auto_approve = false;
   std::vector<std::string> approve;
   bool no_compute = false;
+  bool no_lookahead = false;
   bool no_cache = false;
   int stages = 0;
   std::string api_key;            // "": the OpenAI API answers this machine only
@@ -106,6 +107,7 @@ int RunServe(const ServeFlags& f) {
   so.audit_rate = f.session.audit_rate;
   so.audit_seed = f.session.audit_seed;
   so.max_memory = *budget;
+  so.lookahead = f.no_lookahead ? 0 : kDefaultLookahead;
   std::string compute_id;
   if (!f.no_compute) {
     // The compute device of this process is the head's own machine: the head holds layers
@@ -288,6 +290,10 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
   AddMaxMemoryFlag(sub, f->max_memory);  // the head's budget, and its compute device's
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
+  sub->add_flag(
+      "--no-lookahead", f->no_lookahead,
+      "Do not draft: by default each decode lap also scores the tokens that followed an earlier occurrence of "
+      "the text's last few ids and keeps those equal to what is sampled (same ids either way)");
   sub->add_option("--api-key", f->api_key,
                   "Key the OpenAI-compatible API requires as \"Authorization: Bearer KEY\" (also $DAISY_API_KEY); "
                   "without one the API answers only on this machine")

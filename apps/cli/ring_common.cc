@@ -52,6 +52,11 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
                       {"need_bytes", s.need_bytes},
                       {"budget_bytes", s.budget_bytes},
                       {"peak_rss_bytes", s.peak_rss_bytes}});
+    // Each stage's share of the turn, as it measured it (the head's: the time outside laps).
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& l : r.stage_latency)
+      stages.push_back(
+          {{"stage", l.stage}, {"device", l.device_name}, {"hops", l.hops}, {"compute_seconds", l.compute_seconds}});
     nlohmann::json out = {{"prompt_ids", r.prompt_ids},
                           {"ids", r.ids},
                           {"text", r.text},
@@ -64,6 +69,9 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
                           {"ring_hops", r.ring_hops},
                           {"laps", r.laps},
                           {"lap_seconds", r.lap_seconds},
+                          {"stage_latency", stages},
+                          {"drafted", r.drafted},
+                          {"accepted", r.accepted},
                           {"replays", r.replays},
                           {"ring_positions", r.ring_positions},
                           {"reused_positions", r.reused_positions},
@@ -84,8 +92,9 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
     std::printf("%s\n", out.dump().c_str());
     return;
   }
-  std::printf("\n\n%zu tokens (%s), %.1f tok/s decode, %lld ring hops in %lld laps%s\n", r.ids.size(), r.finish_reason.c_str(),
-              r.tokens_per_s, static_cast<long long>(r.ring_hops), static_cast<long long>(r.laps),
+  std::printf("\n\n%zu tokens (%s), %.1f tok/s decode, %lld ring hops in %lld laps, lookahead kept %d of %d drafts%s\n",
+              r.ids.size(), r.finish_reason.c_str(), r.tokens_per_s, static_cast<long long>(r.ring_hops),
+              static_cast<long long>(r.laps), r.accepted, r.drafted,
               r.replays ? ", replayed once after a stage dropped" : "");
   if (r.audited_hops > 0)
     std::printf("audit: %lld hop(s) drawn, %lld re-run and compared bit for bit%s\n", static_cast<long long>(r.audited_hops),

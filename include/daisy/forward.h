@@ -244,6 +244,9 @@ class StageLink {
   // run each batch at once in Submit; the ring's link overlaps them.
   virtual Status Submit(HiddenStates hidden);
   virtual Result<HiddenStates> Collect();
+  // Forgets positions >= n on every later stage (rejected lookahead drafts). The default does
+  // nothing: the ring's stages forget them when the turn's done says how many they hold.
+  virtual void Truncate(int /*n*/) {}
 
  private:
   std::deque<Result<HiddenStates>> done_;  // results of the default Submit
@@ -255,6 +258,7 @@ class LocalStage final : public StageLink {
  public:
   LocalStage(const StageWeights& weights, int ctx, StageLink* next);
   Result<HiddenStates> Run(HiddenStates hidden) override;
+  void Truncate(int n) override;
   const KvCache& kv() const { return kv_; }
 
  private:
@@ -284,12 +288,15 @@ class HeadStage {
   Result<std::vector<float>> Prefill(std::span<const int32_t> tokens, int chunk, int in_flight, int first = 0);
   // The rest of the ring for the next calls (a new turn has a new link); nullptr: none.
   void set_link(StageLink* rest) { rest_ = rest; }
-  // Forgets cached positions >= n.
-  void Truncate(int n) { kv_.Truncate(n); }
+  // Forgets cached positions >= n, here and on the stages after this one.
+  void Truncate(int n);
   size_t CacheBytes() const { return kv_.Bytes(); }
   // The final hidden row (before the final norm) of the position the last Forward, ForwardAll
   // or Prefill read out: what the ring returned for it. Verify digests it with the logits.
   std::span<const float> last_row() const { return last_row_; }
+  // Row i of the final hidden rows the last ForwardAll read out (lookahead drafting: Verify
+  // digests each position's row).
+  std::span<const float> row(int i) const;
 
  private:
   // Embedding and the head's own layers.
@@ -303,6 +310,7 @@ class HeadStage {
   KvCache kv_;
   StageLink* rest_;
   std::vector<float> last_row_;  // (hidden)
+  std::vector<float> rows_;      // (n_tokens, hidden) of the last ForwardAll
 };
 
 // Splits layers into consecutive stages of the given sizes; stage 0 is the head (it may

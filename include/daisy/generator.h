@@ -1,7 +1,9 @@
 // The generation loop on the head: prompt ids -> prefill (at once or in chunks) -> decode
 // one token per step with SampleToken -> stop on a stop id ("stop") or when max_tokens or
 // the context is reached ("length"). Works through a HeadStage, so the same loop drives a
-// single device, an in-process split or the ring. Not thread-safe.
+// single device, an in-process split or the ring. With lookahead drafting, a lap also scores
+// the tokens that followed an earlier occurrence of the text's suffix; the ids are those of
+// a run without it. Not thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +38,18 @@ struct GenerateOptions {
   // Optional, after each token is emitted: true ends the turn with finish reason "stop"
   // (a completed JSON value, a stop string, a client that went away).
   std::function<bool(int32_t id)> stop_after;
+  // Lookahead drafting (prompt lookup): up to this many drafted tokens ride along with each
+  // decode lap and are kept while they equal what is sampled; 0 = off. Changes no id.
+  int lookahead = 0;
 };
+
+// What the command line turns on unless --no-lookahead: drafts per lap at most.
+inline constexpr int kDefaultLookahead = 8;
+
+// The draft for the sequence so far: the tokens that followed the most recent earlier
+// occurrence of its longest suffix of 2..4 ids (at most max_draft of them); empty when the
+// suffix never occurred before. Pure.
+std::vector<int32_t> LookupDraft(std::span<const int32_t> seq, int max_draft);
 
 enum class FinishReason : uint8_t { kStop, kLength };
 std::string_view FinishReasonName(FinishReason reason);  // "stop" | "length"
@@ -47,8 +60,12 @@ struct GenerateResult {
   std::optional<int32_t> stop_id;  // the id that stopped it (finish_reason kStop)
   int prefill_tokens = 0;
   double prefill_seconds = 0;
-  int decode_steps = 0;  // forward steps after the prefill (one token each)
+  int decode_steps = 0;  // generated tokens fed back (in the cache); one forward step each without drafts
   double decode_seconds = 0;
+  int decode_laps = 0;  // forward steps after the prefill (each one lap of the ring)
+  int drafted = 0;      // drafted tokens scored
+  int accepted = 0;     // drafted tokens kept (equal to what was sampled)
+  int rolled_back = 0;  // positions of the last lap's drafts forgotten at the end (the turn stopped before them)
 };
 
 // Sees each generated token as it is chosen, with the logits it was sampled from.

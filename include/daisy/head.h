@@ -63,6 +63,8 @@ struct HeadReport {
   std::vector<StageLatency> stage_latency;  // per stage, head first
   int64_t laps = 0;
   double lap_seconds = 0;       // wall time inside laps (transport + remote compute)
+  int drafted = 0;              // lookahead: drafted tokens scored in decode laps
+  int accepted = 0;             // ... and kept (each one a lap saved)
   int replays = 0;
   int64_t audited_hops = 0;     // (lap, stage) pairs drawn for the audit
   int64_t recomputed_hops = 0;  // hops re-run by the head and compared bit for bit
@@ -105,6 +107,9 @@ struct SessionOptions {
   double busy_wait_s = 600;    // how long a turn waits for another head's turn to end
   double settle_s = net::kDeadAfterSeconds + 1;  // before a replay re-plans: dead members drop out
   int cache_slots = 4;                  // conversations whose KV each stage keeps
+  // Lookahead drafting for every turn (GenerateOptions::lookahead; the request's own value
+  // is not used): drafts per decode lap at most, 0 = off. Audited turns never draft.
+  int lookahead = 0;
   std::optional<int> stages;            // split over exactly N devices (incl. the head)
   std::optional<std::vector<int>> plan; // layers per stage, head first
   double wait_s = 30;                   // how long `stages` waits for devices

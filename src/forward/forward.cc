@@ -547,6 +547,16 @@ Result<HiddenStates> LocalStage::Run(HiddenStates hidden) {
   return next_->Run(std::move(hidden));
 }
 
+void LocalStage::Truncate(int n) {
+  if (kv_.length() > n) kv_.Truncate(n);
+  if (next_ != nullptr) next_->Truncate(n);
+}
+
+void HeadStage::Truncate(int n) {
+  if (kv_.length() > n) kv_.Truncate(n);
+  if (rest_ != nullptr) rest_->Truncate(n);
+}
+
 HeadStage::HeadStage(const StageWeights& head, int ctx, StageLink* rest)
     : head_(head), kv_(head.spec(), head.first(), head.end(), ctx), rest_(rest) {
   DAISY_CHECK(head.has_head() && head.first() == 0, "Bug: HeadStage needs the head's weights from layer 0");
@@ -630,7 +640,15 @@ Result<std::vector<float>> HeadStage::Forward(std::span<const int32_t> tokens, i
 Result<std::vector<float>> HeadStage::ForwardAll(std::span<const int32_t> tokens, int first_position) {
   DAISY_ASSIGN_OR_RETURN(HiddenStates h, Hidden(tokens, first_position));
   KeepLastRow(h);
+  rows_ = h.values;
   return ReadoutAll(head_, h);
+}
+
+std::span<const float> HeadStage::row(int i) const {
+  const size_t hidden = static_cast<size_t>(spec().hidden);
+  DAISY_CHECK(i >= 0 && (static_cast<size_t>(i) + 1) * hidden <= rows_.size(),
+              "Bug: HeadStage::row past the last ForwardAll");
+  return std::span<const float>(rows_).subspan(static_cast<size_t>(i) * hidden, hidden);
 }
 
 void HeadStage::KeepLastRow(const HiddenStates& h) {

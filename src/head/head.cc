@@ -31,6 +31,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Prompt positions per prefill chunk on a ring: small enough that the stages overlap well,
+// large enough that each chunk's products run as GEMMs (bench/ring_bench.sh measures it).
+constexpr int kRingPrefillChunk = 16;
+
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The head's view of the room, kept current while it waits.
@@ -710,11 +714,10 @@ struct HeadSession::Impl {
     return -1;
   }
   // The lap timeout: kLapSlack times what the plan predicts for the most positions in flight
-  // at once (two prefill chunks of 16), never below the floor o.lap_timeout_s.
-  double LapTimeout(double est_seconds_per_token) const {
+  // at once (one prefill chunk per stage), never below the floor o.lap_timeout_s.
+  double LapTimeout(double est_seconds_per_token, int positions_in_flight) const {
     constexpr double kLapSlack = 20;
-    constexpr int kPositionsInFlight = 32;
-    const double predicted = std::isfinite(est_seconds_per_token) ? est_seconds_per_token * kPositionsInFlight : 0;
+    const double predicted = std::isfinite(est_seconds_per_token) ? est_seconds_per_token * positions_in_flight : 0;
     return std::max(o.lap_timeout_s, kLapSlack * predicted);
   }
 
@@ -847,6 +850,7 @@ struct HeadSession::Impl {
     report.prompt_ids = r.prompt_ids;
     GenerateOptions gen = r.generate;
     for (int eos : info->spec.eos_ids) gen.stop_ids.push_back(eos);
+    gen.lookahead = o.lookahead;
     suspects.clear();
     HeadSlot& slot = SlotFor(r);
     std::vector<int32_t> emitted;  // ids already streamed: a replay does not stream them again
@@ -1059,9 +1063,17 @@ struct HeadSession::Impl {
     slot.stage->Truncate(keep);
     if (keep > 0) say("prefix cache: reusing " + std::to_string(keep) + " of " + std::to_string(r.prompt_ids.size()) + " prompt positions");
 
+    // Pipelined prefill: chunks of kRingPrefillChunk positions, one per stage in the rest of
+    // the ring plus one on its way, so every stage works on its own chunk while the head
+    // embeds and runs the next; each stage still sees the chunks in position order.
+    if (stages.size() > 1) {
+      if (gen.prefill_chunk == 0) gen.prefill_chunk = kRingPrefillChunk;
+      gen.prefill_in_flight = static_cast<int>(stages.size());
+    }
     // A lap is given up only when it takes far longer than the plan predicts for the
-    // positions in flight (2 chunks of 16 during prefill), and never sooner than the floor.
-    const double lap_timeout = LapTimeout(planned.view.est_seconds_per_token);
+    // positions in flight, and never sooner than the floor.
+    const double lap_timeout = LapTimeout(planned.view.est_seconds_per_token,
+                                          std::max(gen.prefill_chunk, 1) * std::max(gen.prefill_in_flight, 2));
     NetLink link(*ep, *room, stages, static_cast<int32_t>(turn), model_hash, spec.hidden, lap_timeout);
     if (audit) {
       AuditSetup a;
@@ -1097,12 +1109,10 @@ struct HeadSession::Impl {
       for (size_t i = 1; i < stages.size(); ++i)
         (void)ep->Send(stages[i].address, wire::Message(wire::Token{static_cast<int32_t>(turn), pos, tid}), 500);
     };
-    if (stages.size() > 1) {
-      // Chunks of 16 positions, two in the ring at once: a long prompt keeps every stage busy.
-      if (gen.prefill_chunk == 0) gen.prefill_chunk = 16;
-      gen.prefill_in_flight = 2;
-    }
     gen.first_position = keep;
+    // An audited turn re-runs hops from each stage's kept inputs in position order, which a
+    // rewind over rejected drafts would break: it decodes one position per lap.
+    if (audit) gen.lookahead = 0;
     // Only a verified turn digests its steps: two BLAKE2b passes over the logits per token
     // would otherwise sit in every token loop for nothing.
     std::vector<StepDigest> step_digests;
@@ -1159,10 +1169,12 @@ struct HeadSession::Impl {
     report.ring_positions = link.positions();
     report.reused_positions = keep;
     report.laps = link.laps();
+    report.drafted = result->drafted;
+    report.accepted = result->accepted;
     report.lap_seconds = link.lap_seconds();
     // Each stage's share: the others say after done; the head's is what the laps did not take.
     report.stage_latency.clear();
-    const int64_t steps = static_cast<int64_t>(result->decode_steps) + 1;
+    const int64_t steps = static_cast<int64_t>(result->decode_laps) + 1;
     report.stage_latency.push_back({0, id, hello.name, steps, std::max(0.0, wall - link.lap_seconds())});
     for (size_t i = 1; i < stages.size(); ++i)
       report.stage_latency.push_back({static_cast<int>(i), stages[i].device_id, planned.view.stages[i].device_name, 0, 0});

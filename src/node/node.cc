@@ -464,6 +464,9 @@ class Node {
   void On(wire::Done& d) {
     busy_head_.clear();  // the turn is over: the next head may have the ring
     if (d.seq == seq_ && kv_) {
+      // Positions past the turn's last fed id held drafts the head rejected (lookahead): the
+      // cache keeps exactly what done says it holds, as a turn without drafts leaves it.
+      if (kv_->length() > d.cached) kv_->Truncate(d.cached);
       // File the conversation's tag so its next turn can keep this prefix.
       for (auto& s : slots_)
         if (s.key == cache_key_ && s.kv.get() == kv_ && kv_->length() == d.cached) s.tag = d.cache_tag;

@@ -998,6 +998,8 @@ struct Server::Impl {
                 {"reused_positions", r.reused_positions},
                 {"laps", r.laps},
                 {"lap_ms", r.laps > 0 ? r.lap_seconds * 1e3 / static_cast<double>(r.laps) : 0.0},
+                {"drafted", r.drafted},
+                {"accepted", r.accepted},
                 {"stages", stages},
                 {"replays", r.replays},
                 {"verified", verified},
