@@ -253,7 +253,7 @@
       el('span', { class: 'dev-short' }),
       el('span', { class: 'badges' }));
     const facts = el('dl', { class: 'facts' });
-    for (const [k, label] of [['capacity', 'capacity'], ['backend', 'backend'], ['memory', 'free memory'], ['probe', 'probe']]) {
+    for (const [k, label] of [['capacity', 'capacity'], ['backend', 'backend'], ['memory', 'memory budget'], ['probe', 'probe']]) {
       facts.append(el('div', { class: 'fact fact-' + k }, el('dt', { text: label }), el('dd', { class: 'v-' + k })));
     }
     const btn = el('button', { type: 'button', class: 'approve-btn', 'data-id': id, 'data-testid': 'approve-btn', text: 'Approve' });

@@ -4,7 +4,6 @@
 // stories260K; any folder with --model, e.g. one made by tools/make_model), peak memory and
 // the probe hash. The figures of docs/KERNELS.md "Speed" (bandwidth ceiling, kernel ratio,
 // peak RSS budget) come from the same run, so one machine's load affects them alike.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +23,7 @@
 #include "daisy/forward.h"
 #include "daisy/generator.h"
 #include "daisy/kernels.h"
+#include "daisy/memory.h"
 #include "daisy/model.h"
 
 namespace daisy::cli {
@@ -40,36 +40,6 @@ struct BenchCliOptions {
   bool json = false;
   bool no_cache = false;
 };
-
-uint64_t PeakMemoryBytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<uint64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
-// Linux: "5" in /proc/self/clear_refs resets the peak resident set (VmHWM), so the peak of a
-// generation excludes what the kernel measurements allocated before it.
-bool ResetPeakRss() {
-  FILE* f = std::fopen("/proc/self/clear_refs", "w");
-  if (f == nullptr) return false;
-  const bool ok = std::fputs("5", f) >= 0;
-  return std::fclose(f) == 0 && ok;
-}
-
-// VmHWM from /proc/self/status (bytes), else the process-lifetime peak.
-uint64_t PeakRssBytes() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (f != nullptr) {
-    char line[256];
-    unsigned long long kb = 0;
-    bool found = false;
-    while (std::fgets(line, sizeof line, f) != nullptr)
-      if (std::sscanf(line, "VmHWM: %llu kB", &kb) == 1) found = true;
-    std::fclose(f);
-    if (found) return static_cast<uint64_t>(kb) * 1024;
-  }
-  return PeakMemoryBytes();
-}
 
 // Bytes a decode step reads: every layer's resident weights, the final norm and LM head, one
 // embedding row, and the KV cache up to `position` (k, its residual and v: one int8 each per
@@ -239,7 +209,7 @@ int RunBench(const BenchCliOptions& o) {
     j["peak_rss_bytes"] = peak_rss;
     j["rss_budget_bytes"] = rss_budget;
     j["peak_rss_since_start"] = !rss_reset;
-    j["peak_memory_bytes"] = PeakMemoryBytes();
+    j["peak_memory_bytes"] = ProcessPeakRssBytes();
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("backend per product shape (%s): %s\n", choice.source.c_str(), summary.c_str());

@@ -2,7 +2,6 @@
 // prefills, decodes with the project's sampler and streams the text as tokens arrive
 // (held back while a multi-byte character is incomplete), then reports prefill and decode
 // throughput and peak memory. --json prints one object instead.
-#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include "daisy/forward.h"
 #include "daisy/generator.h"
 #include "daisy/kernels.h"
+#include "daisy/memory.h"
 #include "daisy/model.h"
 #include "daisy/tokenizer.h"
 
@@ -34,25 +34,6 @@ struct GenerateCliOptions {
   bool verbose = false;
   bool no_cache = false;
 };
-
-uint64_t PeakMemoryBytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<uint64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
-// VmHWM of /proc/self/status: the peak resident set, load included; 0 where there is no
-// /proc (then the budget check is not available).
-uint64_t PeakRssBytes() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  unsigned long long kib = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %llu kB", &kib) == 1) break;
-  std::fclose(f);
-  return static_cast<uint64_t>(kib) * 1024;
-}
 
 // What generate may hold at its peak (docs/FORWARD.md, "Loading"): the weights as held
 // (int8 matrices with their scales and biases, f32 norms, the embedding at the file's
@@ -123,7 +104,7 @@ int RunGenerate(const GenerateCliOptions& o) {
   }
   const double prefill_tps = PerSecond(r->prefill_tokens, r->prefill_seconds);
   const double decode_tps = PerSecond(r->decode_steps, r->decode_seconds);
-  const uint64_t peak = PeakMemoryBytes();
+  const uint64_t peak = ProcessPeakRssBytes();
   const std::string backend(kernels::BackendName(kernels::ActiveBackend()));
   if (o.json) {
     nlohmann::ordered_json j;

@@ -19,9 +19,11 @@ Result<uint64_t> ParseMemorySize(std::string_view text);
 std::string FormatBytes(uint64_t bytes);
 // MemAvailable of /proc/meminfo; 0 where it cannot be read.
 uint64_t AvailableMemoryBytes();
-// VmHWM of /proc/self/status: the peak resident set of this process so far; 0 where there
-// is no /proc.
+// VmHWM of /proc/self/status: the peak resident set of this process so far (since the last
+// ResetPeakRss); ProcessPeakRssBytes() where there is no /proc.
 uint64_t PeakRssBytes();
+// getrusage's ru_maxrss: the peak over the process's whole life (no reset).
+uint64_t ProcessPeakRssBytes();
 // Starts the peak over from the current resident set (Linux: "5" to /proc/self/clear_refs),
 // so a later PeakRssBytes() measures one phase. False where the kernel does not allow it.
 bool ResetPeakRss();

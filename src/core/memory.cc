@@ -1,5 +1,7 @@
 #include "daisy/memory.h"
 
+#include <sys/resource.h>
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -74,14 +76,21 @@ uint64_t AvailableMemoryBytes() {
 }
 
 uint64_t PeakRssBytes() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  unsigned long long kib = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %llu kB", &kib) == 1) break;
-  std::fclose(f);
-  return static_cast<uint64_t>(kib) * 1024;
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "VmHWM: %llu kB", &kib) == 1;
+    std::fclose(f);
+    if (found) return static_cast<uint64_t>(kib) * 1024;
+  }
+  return ProcessPeakRssBytes();
+}
+
+uint64_t ProcessPeakRssBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 bool ResetPeakRss() {

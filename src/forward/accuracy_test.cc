@@ -22,6 +22,7 @@
 #include "daisy/forward.h"
 #include "daisy/model.h"
 #include "model_maker.h"
+#include "reference_files.h"
 
 namespace daisy {
 namespace {
@@ -43,34 +44,9 @@ constexpr double kMinTop1Block = 0.93;
 constexpr double kMaxMeanMassMoved = 1e-3;
 constexpr double kMaxMeanMassFlushed = 2e-4;
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << "cannot read " << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-uint64_t Fnv1a64(const std::vector<std::string>& chunks) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const std::string& s : chunks)
-    for (unsigned char c : s) {
-      h ^= c;
-      h *= 0x100000001b3ull;
-    }
-  return h;
-}
-
-std::vector<float> ReadF32(const fs::path& path) {
-  const std::string raw = ReadFile(path);
-  std::vector<float> v(raw.size() / 4);
-  for (size_t i = 0; i < v.size(); ++i) {
-    uint32_t w = 0;
-    for (int b = 0; b < 4; ++b) w |= static_cast<uint32_t>(static_cast<unsigned char>(raw[4 * i + b])) << (8 * b);
-    std::memcpy(&v[i], &w, 4);
-  }
-  return v;
-}
+using reference_files::Fnv1a64;
+using reference_files::ReadF32;
+using reference_files::ReadFile;
 
 const char* const kTexts[] = {"greedy_lily_ben", "greedy_little_dog", "garden", "boat", "bread"};
 

@@ -23,6 +23,7 @@
 #include "daisy/forward.h"
 #include "daisy/model.h"
 #include "model_maker.h"
+#include "reference_files.h"
 
 namespace daisy {
 namespace {
@@ -41,36 +42,9 @@ double MaxRelRms(const std::string& preset) {
 // marginally, out (the nearest, a window one key too wide, is 6.5 bounds away).
 constexpr double kMinBugFactor = 4.0;
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << "cannot read " << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// FNV-1a 64 over the files in order, as the script computes it.
-uint64_t Fnv1a64(const std::vector<std::string>& chunks) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const std::string& s : chunks)
-    for (unsigned char c : s) {
-      h ^= c;
-      h *= 0x100000001b3ull;
-    }
-  return h;
-}
-
-// float32 little-endian values (the reference files).
-std::vector<float> ReadF32(const fs::path& path) {
-  const std::string raw = ReadFile(path);
-  std::vector<float> v(raw.size() / 4);
-  for (size_t i = 0; i < v.size(); ++i) {
-    uint32_t w = 0;
-    for (int b = 0; b < 4; ++b) w |= static_cast<uint32_t>(static_cast<unsigned char>(raw[4 * i + b])) << (8 * b);
-    std::memcpy(&v[i], &w, 4);
-  }
-  return v;
-}
+using reference_files::Fnv1a64;
+using reference_files::ReadF32;
+using reference_files::ReadFile;
 
 // sqrt(sum (a - r)^2 / sum r^2) over every logit of every position.
 double RelRms(const std::vector<float>& a, const std::vector<float>& r) {
