@@ -597,6 +597,39 @@
     }
   }
 
+  // POSTs `body` as JSON to `url` and feeds the server-sent events of the answer to
+  // onEvent until the stream ends; throws an Error with a message for the user (`what` names
+  // what was being received), or the abort itself when `signal` was aborted.
+  async function streamEvents(url, body, signal, onEvent, what) {
+    let res;
+    try {
+      res = await fetch(url, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
+        body: JSON.stringify(body),
+        signal,
+      });
+    } catch (e) {
+      if (signal.aborted) throw e;
+      throw new Error('Cannot reach the server (' + (e && e.message ? e.message : e) + ').');
+    }
+    if (!res.ok) throw new Error(await errorOf(res));
+    if (!res.body) throw new Error('The browser gave no response stream.');
+    const parser = new SSEParser(onEvent);
+    const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        parser.push(value);
+      }
+    } catch (e) {
+      if (signal.aborted) throw e;
+      throw new Error('The connection to the server was lost during ' + what + ' (' + (e && e.message ? e.message : e) + ').');
+    }
+    parser.end();
+  }
+
   async function generate(ev) {
     ev.preventDefault();
     if (ui.generating) return;
@@ -671,33 +704,7 @@
     };
 
     try {
-      let res;
-      try {
-        res = await fetch('/api/generate', {
-          method: 'POST',
-          headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
-          body: JSON.stringify(body),
-          signal: ctrl.signal,
-        });
-      } catch (e) {
-        if (ctrl.signal.aborted) throw e;
-        throw new Error('Cannot reach the server (' + (e && e.message ? e.message : e) + ').');
-      }
-      if (!res.ok) throw new Error(await errorOf(res));
-      if (!res.body) throw new Error('The browser gave no response stream.');
-      const parser = new SSEParser(onEvent);
-      const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
-      try {
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          parser.push(value);
-        }
-      } catch (e) {
-        if (ctrl.signal.aborted) throw e;
-        throw new Error('The connection to the server was lost during the turn (' + (e && e.message ? e.message : e) + ').');
-      }
-      parser.end();
+      await streamEvents('/api/generate', body, ctrl.signal, onEvent, 'the turn');
       if (!finished) throw new Error('The connection to the server was lost before the turn finished' + (tokens ? ' (after ' + tokens + ' tokens)' : '') + '.');
     } catch (e) {
       if (ctrl.signal.aborted) {
@@ -805,7 +812,7 @@
   });
 
   // For tests and debugging.
-  window.daisy = { SSEParser, ui, el, parseData, errorOf, readSettings, logStatus, fmtMs, fmtNum, layersText };
+  window.daisy = { SSEParser, ui, el, parseData, errorOf, streamEvents, readSettings, logStatus, fmtMs, fmtNum, layersText };
 
   refreshState();
   connectEvents();

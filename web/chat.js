@@ -497,34 +497,7 @@
       }
     };
     try {
-      let res;
-      try {
-        res = await fetch('/api/chat', {
-          method: 'POST',
-          headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
-          body: JSON.stringify(body),
-          signal: ctrl.signal,
-        });
-      } catch (e) {
-        if (ctrl.signal.aborted) throw e;
-        throw new Error('Cannot reach the server (' + (e && e.message ? e.message : e) + ').');
-      }
-      if (!res.ok) throw new Error(await D.errorOf(res));
-      if (!res.body) throw new Error('The browser gave no response stream.');
-      const parser = new D.SSEParser(onEvent);
-      const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
-      try {
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          parser.push(value);
-        }
-      } catch (e) {
-        if (ctrl.signal.aborted) throw e;
-        const why = e && e.message ? e.message : e;
-        throw new Error('The connection to the server was lost during the reply (' + why + ').');
-      }
-      parser.end();
+      await D.streamEvents('/api/chat', body, ctrl.signal, onEvent, 'the reply');
       if (!finished) throw new Error('The connection to the server was lost before the reply finished.');
       if (error) throw new Error(error);
       setChatState('');

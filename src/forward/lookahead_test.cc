@@ -13,6 +13,7 @@
 #include "daisy/forward.h"
 #include "daisy/generator.h"
 #include "daisy/model.h"
+#include "test_models.h"
 
 namespace daisy {
 namespace {
@@ -77,26 +78,7 @@ Trace Generate(HeadStage& head, std::span<const int32_t> prompt, GenerateOptions
   return run;
 }
 
-// Positions [0, n) of two caches of the same layers hold the same bytes.
-bool SameCachePrefix(const KvCache& a, const KvCache& b, const ModelSpec& spec, int n) {
-  if (a.first() != b.first() || a.end() != b.end() || a.ctx() != b.ctx()) return false;
-  const size_t ctx = static_cast<size_t>(a.ctx()), hd = static_cast<size_t>(spec.head_dim), un = static_cast<size_t>(n);
-  auto same = [](const auto& x, const auto& y, size_t at, size_t len) {
-    return std::memcmp(x.data() + at, y.data() + at, len * sizeof(x[0])) == 0;
-  };
-  for (int l = a.first(); l < a.end(); ++l) {
-    const KvCache::Layer& x = a.layer(l);
-    const KvCache::Layer& y = b.layer(l);
-    for (size_t h = 0; h < static_cast<size_t>(spec.n_kv_heads); ++h) {
-      if (!same(x.k, y.k, h * ctx * hd, un * hd) || !same(x.k_res, y.k_res, h * ctx * hd, un * hd)) return false;
-      if (!same(x.k_scale, y.k_scale, h * ctx, un) || !same(x.k_res_scale, y.k_res_scale, h * ctx, un)) return false;
-      if (!same(x.v_scale, y.v_scale, h * ctx, un)) return false;
-      for (size_t d = 0; d < hd; ++d)
-        if (!same(x.vt, y.vt, (h * hd + d) * ctx, un)) return false;
-    }
-  }
-  return true;
-}
+using testing::SameCachePrefix;
 
 class StoriesLookahead : public ::testing::Test {
  protected:

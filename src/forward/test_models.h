@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -156,6 +157,28 @@ inline Result<std::vector<int32_t>> GreedyDecode(HeadStage& head, std::span<cons
     ++pos;
   }
   return out;
+}
+
+// Positions [0, n) of two caches of the same layers and context hold the same bytes (k, its
+// residual, v and their scales), whatever lies past n.
+inline bool SameCachePrefix(const KvCache& a, const KvCache& b, const ModelSpec& spec, int n) {
+  if (a.first() != b.first() || a.end() != b.end() || a.ctx() != b.ctx()) return false;
+  const size_t ctx = static_cast<size_t>(a.ctx()), hd = static_cast<size_t>(spec.head_dim), un = static_cast<size_t>(n);
+  auto same = [](const auto& x, const auto& y, size_t at, size_t len) {
+    return std::memcmp(x.data() + at, y.data() + at, len * sizeof(x[0])) == 0;
+  };
+  for (int l = a.first(); l < a.end(); ++l) {
+    const KvCache::Layer& x = a.layer(l);
+    const KvCache::Layer& y = b.layer(l);
+    for (size_t h = 0; h < static_cast<size_t>(spec.n_kv_heads); ++h) {
+      if (!same(x.k, y.k, h * ctx * hd, un * hd) || !same(x.k_res, y.k_res, h * ctx * hd, un * hd)) return false;
+      if (!same(x.k_scale, y.k_scale, h * ctx, un) || !same(x.k_res_scale, y.k_res_scale, h * ctx, un)) return false;
+      if (!same(x.v_scale, y.v_scale, h * ctx, un)) return false;
+      for (size_t d = 0; d < hd; ++d)
+        if (!same(x.vt, y.vt, (h * hd + d) * ctx, un)) return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace daisy::testing
