@@ -276,6 +276,10 @@ struct PortMuxOptions {
 // every connection as coming from 127.0.0.1; SourceOf tells the HTTP server who is really
 // behind a relayed connection. Runs on its own threads; the destructor closes the port and
 // every relayed connection.
+// A blocking TCP connection to 127.0.0.1:port (loopback answers at once or refuses): the
+// file descriptor, or -1 when refused. The mux's own link to its back ends; tests use it too.
+int ConnectLoopback(int port);
+
 class PortMux {
  public:
   static Result<std::unique_ptr<PortMux>> Start(const PortMuxOptions& options);

@@ -40,21 +40,6 @@ void SetNoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-// Connects to 127.0.0.1:port (blocking; loopback answers at once or refuses).
-int ConnectLoopback(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 enum class Kind { kNeedMore, kZmtp, kHttp, kOther };
 
 // What a connection is, from the bytes it sent so far (peeked, not taken).
@@ -339,6 +324,20 @@ Result<std::unique_ptr<PortMux>> PortMux::Start(const PortMuxOptions& options) {
                                            : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   impl->accept_thread = std::thread([self = impl.get(), impl] { self->AcceptLoop(impl); });
   return std::unique_ptr<PortMux>(new PortMux(std::move(impl)));
+}
+
+int ConnectLoopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace daisy::net

@@ -13,7 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include "loopback.h"
 #include "daisy/net.h"
 
 namespace daisy::net {
@@ -160,11 +159,11 @@ TEST(PortMux, TellsWhoIsReallyBehindARelayedConnection) {
 
 TEST(PortMux, ConnectionsBeyondTheCapAreClosedAndClosedOnesAreReleased) {
   Fixture f = Start(/*max_connections=*/2);
-  int a = test::ConnectLoopback(f.mux->port()), b = test::ConnectLoopback(f.mux->port());
+  int a = net::ConnectLoopback(f.mux->port()), b = net::ConnectLoopback(f.mux->port());
   ASSERT_GE(a, 0);
   ASSERT_GE(b, 0);
   ASSERT_TRUE(WaitFor([&] { return f.mux->connections() == 2; }, 2000ms));
-  int c = test::ConnectLoopback(f.mux->port());
+  int c = net::ConnectLoopback(f.mux->port());
   ASSERT_GE(c, 0);
   pollfd pfd{c, POLLIN, 0};
   ASSERT_EQ(::poll(&pfd, 1, 2000), 1) << "the connection over the cap was left open";
@@ -183,7 +182,7 @@ TEST(PortMux, ConnectionsBeyondTheCapAreClosedAndClosedOnesAreReleased) {
 
 // Sends `bytes` on a new connection to the mux and keeps it open; -1 if it cannot connect.
 int ConnectAndSend(int port, const std::string& bytes) {
-  int fd = test::ConnectLoopback(port);
+  int fd = net::ConnectLoopback(port);
   if (fd >= 0 && !bytes.empty() &&
       ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
     ::close(fd);
@@ -249,10 +248,10 @@ TEST(PortMux, TheCapIsPerSourceAddressToo) {
     o.identify_timeout_s = 30;  // the 8 silent ones stay while the test looks
   });
   std::vector<int> fds;
-  for (int i = 0; i < 8; ++i) fds.push_back(test::ConnectLoopback(f.mux->port()));
+  for (int i = 0; i < 8; ++i) fds.push_back(net::ConnectLoopback(f.mux->port()));
   for (int fd : fds) ASSERT_GE(fd, 0);
   ASSERT_TRUE(WaitFor([&] { return f.mux->connections() == 8; }, 3000ms)) << f.mux->connections();
-  int extra = test::ConnectLoopback(f.mux->port());
+  int extra = net::ConnectLoopback(f.mux->port());
   ASSERT_GE(extra, 0);
   pollfd pfd{extra, POLLIN, 0};
   ASSERT_EQ(::poll(&pfd, 1, 3000), 1) << "the 9th connection from one address was left open";

@@ -22,7 +22,6 @@
 #include <thread>
 #include <vector>
 
-#include "loopback.h"
 #include "daisy/head.h"
 #include "daisy/net.h"
 #include "daisy/server.h"
@@ -143,7 +142,7 @@ class ServerAbuse : public ::testing::Test {
 
   // A connection whose requests the server takes as coming from `source` ("": 127.0.0.1).
   int Open(const std::string& source = "") {
-    int fd = test::ConnectLoopback(server_->port());
+    int fd = net::ConnectLoopback(server_->port());
     if (fd < 0) return -1;
     fds_.push_back(fd);
     if (!source.empty()) {
