@@ -12,6 +12,7 @@
 
 #include "daisy/model.h"
 #include "daisy/node.h"
+#include "daisy/ring.h"
 #include "e2e_util.h"
 #include "model_maker.h"
 #include "proc_util.h"

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "daisy/net.h"
+#include "daisy/ring.h"
 #include "daisy/node.h"
 #include "e2e_util.h"
 #include "node_faults.h"

@@ -6,6 +6,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "daisy/net.h"
+#include "daisy/ring.h"
 #include "daisy/node.h"
 
 namespace daisy::cli {

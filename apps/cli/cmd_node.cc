@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "daisy/kernels.h"
 #include "daisy/net.h"
+#include "daisy/ring.h"
 #include "daisy/node.h"
 #include "faults.h"
 #include "ring_common.h"

@@ -10,6 +10,7 @@
 #include "daisy/kernels.h"
 #include "daisy/log.h"
 #include "daisy/net.h"
+#include "daisy/ring.h"
 #include "daisy/node.h"
 #include "ring_common.h"
 

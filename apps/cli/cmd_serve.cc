@@ -21,6 +21,7 @@
 #include "daisy/head.h"
 #include "daisy/log.h"
 #include "daisy/net.h"
+#include "daisy/ring.h"
 #include "daisy/node.h"
 #include "daisy/server.h"
 #include "faults.h"

@@ -3,6 +3,10 @@
 // decode with laps around the ring, broadcasting each token; replay once around a stage
 // that drops; optionally verify against a single-device run.
 //
+// The head is a RoomMember (daisy/ring.h) like every node; its files: session.cc (room,
+// model, previews), turn.cc (a turn phase by phase), link.cc (the ring as the forward
+// pass's StageLink), audit.cc (the stage audit), verify.cc.
+//
 // HeadSession is the long-lived head of `serve`: it stays in the room, holds one model and
 // keeps the KV of recent conversations on every stage (the prefix cache). RunHead is the
 // one-shot head of `run`: a session for one turn.
@@ -20,23 +24,13 @@
 #include "daisy/hub.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
+#include "daisy/plan.h"
 #include "daisy/tokenizer.h"
 #include "daisy/wire.h"
 #include "daisy/status.h"
 
 namespace daisy {
 
-
-struct HeadStageReport {
-  std::string device_id;
-  std::string device_name;
-  int first = 0;
-  int end = 0;
-  uint64_t download_bytes = 0;  // bytes of its tensors as stored
-  uint64_t need_bytes = 0;      // what the plan counts it holds: weights, KV cache, working memory
-  uint64_t budget_bytes = 0;    // its memory budget, as its hello reported it
-  uint64_t peak_rss_bytes = 0;  // its peak resident set (VmHWM) as it last reported it; 0: unknown
-};
 
 // One stage's share of a turn, as the stage measured it.
 struct StageLatency {
@@ -52,7 +46,9 @@ struct HeadReport {
   std::vector<int32_t> ids;
   std::string text;
   std::string finish_reason;
-  std::vector<HeadStageReport> plan;
+  // The turn's plan (the replay's when there was one): each stage with its device, address,
+  // layers, download and memory figures, and its peak RSS as it last reported it.
+  std::vector<StageAssignment> plan;
   double ready_seconds = 0;  // from planning until every stage held its layers (loads included)
   double prefill_seconds = 0;
   double decode_seconds = 0;
@@ -149,15 +145,6 @@ struct ModelView {
   std::string chat_template;  // "" when the model has none
 };
 
-struct PlanView {
-  std::vector<HeadStageReport> stages;  // head first
-  std::vector<uint64_t> hold_bytes;     // resident int8 bytes per stage (incl. its KV)
-  double est_seconds_per_token = 0;
-  bool fits = true;
-  std::string warning;                  // why it does not fit, or ""
-  std::vector<std::string> notes;
-};
-
 // One stage's download, as reported by the stage.
 struct StageProgress {
   int stage = 0;
@@ -205,7 +192,8 @@ class HeadSession {
   // The loaded tokenizer; nullptr before Load. Stays valid while the caller holds it.
   std::shared_ptr<const Tokenizer> tokenizer() const;
   // The plan a turn would use now, over the devices in the room.
-  Result<PlanView> PreviewPlan(std::optional<int> stages = std::nullopt) const;
+  // A plan that cannot be made comes back with fits false and the reason in warning.
+  Result<Plan> PreviewPlan(std::optional<int> stages = std::nullopt) const;
   // One turn: plan, assign, ready, prefill (reusing the longest cached prefix), decode,
   // done; replays once without a stage that fails; verifies when asked.
   Result<HeadReport> Generate(const TurnRequest& request);

@@ -53,6 +53,17 @@ Result<std::unique_ptr<ModelSource>> OpenModelSource(const std::string& src, con
 // Revision(), which sends one HEAD request if nothing has been read yet).
 Result<std::unique_ptr<ModelSource>> OpenHubRepo(const HubRef& ref, const HubOptions& options);
 
+// A small exchange with a service on the LAN, through the Hub client's HTTP code (one
+// libcurl wrapper): plain http only, no redirects followed, 10 s at most, answers up to
+// 1 MiB. Used to join a room (GET /api/key, POST /api/join). Unavailable: no connection.
+struct LanAnswer {
+  long status = 0;
+  std::string body;
+};
+namespace hub {
+Result<LanAnswer> LanExchange(const std::string& url, const std::string* post_json);
+}  // namespace hub
+
 // A progress bar on stderr (one line redrawn with '\r', at most ~10 times a second) for
 // transfers of 1 MiB or more. Returns an empty function when stderr is not a terminal.
 ProgressFn TerminalProgressBar(std::string label);

@@ -1,6 +1,6 @@
-// A ring member: joins a room through the rendezvous, says hello, receives an assignment,
-// fetches its own layers itself, reports ready and serves hops until stopped. Also the
-// device identity and state under DAISY_HOME, shared by every role.
+// A ring member that holds layers: joins a room (as a RoomMember, daisy/ring.h), is
+// assigned a slice by a head, fetches its own layers itself, reports ready and serves hops
+// until stopped. Device identity and admission, shared by every role, are in daisy/ring.h.
 #pragma once
 
 #include <atomic>
@@ -11,65 +11,10 @@
 #include "daisy/hub.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
-#include "daisy/plan.h"
 #include "daisy/status.h"
 #include "daisy/wire.h"
 
 namespace daisy {
-
-// Where a device keeps its id, settings and slice cache: $DAISY_HOME, else
-// $XDG_CONFIG_HOME/daisychain or ~/.config/daisychain. Several devices can share a machine
-// by giving each its own DAISY_HOME (the demo and the tests do).
-std::string DeviceHome();
-// The device's long-term CURVE key pair for a role ("node", "serve", "serve-head", "head",
-// "rendezvous"): made on first run and kept in <home>/keys/<role>.key with mode 0600, so
-// a serve and a run on one machine are two devices. A key file others can read is refused.
-Result<net::KeyPair> DeviceKeys(const std::string& home, const std::string& role);
-std::string DeviceKeyPath(const std::string& home, const std::string& role);
-// The device's id for a role: net::KeyId of its public key (16 hex characters, the key's
-// fingerprint without dashes).
-Result<std::string> DeviceId(const std::string& home, const std::string& role);
-
-// How a device gets into a room: learn the rendezvous's public key and have the host
-// approve this device's key for the room.
-struct JoinOptions {
-  std::string rendezvous;  // "tcp://HOST:PORT": the HTTP join is asked at http://HOST:PORT
-  std::string room = "default";
-  std::string name;
-  // --server-key FPR: the rendezvous's key must have this fingerprint. "": trust on first
-  // use, remembered per HOST:PORT in <home>/known_servers; a later change is refused.
-  std::string server_fingerprint;
-  std::string home;  // DeviceHome()
-  // In-process (serve's own devices, tests): ask this instead of HTTP.
-  std::optional<net::Admission> admission;
-  const std::atomic<bool>* stop = nullptr;
-  double unreachable_timeout_s = 0;  // give up when HTTP fails this long (0: keep trying)
-};
-// Blocks until the host approved `keys` for the room (printing this device's fingerprint,
-// the server's, and "waiting for the host to approve ..." while pending); returns the
-// rendezvous's public key. Refuses a server key that does not match --server-key or the
-// one remembered for that address.
-Result<std::string> AwaitAdmission(const JoinOptions& options, const net::KeyPair& keys);
-// The slice cache: $DAISY_CACHE_DIR, else DeviceHome()/cache when DAISY_HOME is set, else
-// the Hub client's default.
-std::string DeviceCacheDir();
-// Bytes this device can give to weights: MemAvailable from /proc/meminfo, or
-// $DAISY_FREE_MEMORY (bytes) when set (tests and demos simulate small devices with it).
-uint64_t FreeMemoryBytes();
-// The memory budget a device reports: --max-memory when given, else FreeMemoryBytes().
-uint64_t MemoryBudget(std::optional<uint64_t> max_memory);
-// The hello of this device: capacity measured through the live kernel, probe, backend, and
-// `budget` as its free memory (what the plan may give it).
-wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities, uint64_t budget);
-// What the plan counts for this model at context ctx (PlanModelFromSpec with the embedding
-// at the width of its file, when that header is read; BF16 width otherwise).
-PlanModel PlanModelOf(const ModelInfo& info, int ctx);
-
-// What every device of a ring must agree on before it runs a hop: the normalized spec
-// (XXH64 of its fields) and the model load (wire::ModelHash of repo id, pinned commit and a
-// digest of the tensor index: names, dtypes, shapes and offsets).
-uint64_t SpecHash(const ModelSpec& spec);
-uint32_t ModelHashOf(const ModelSource& source, const TensorIndex& index);
 
 // Fault injection, for tests only: hooks that make a device lie or lag on purpose. The
 // product never sets one (NodeOptions::faults stays null in the daisychain binary); tests

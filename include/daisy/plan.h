@@ -20,6 +20,7 @@ struct DeviceReport {
   uint64_t free_memory = 0;  // the device's memory budget (--max-memory, else MemAvailable), bytes
   uint64_t probe_hash = 0;   // kernels::ProbeHash(); must equal the head's
   std::string backend;
+  std::string address;       // its inbox ("tcp://host:port"), carried into the plan
 };
 
 // What planning needs to know of the model, independent of any device.
@@ -62,12 +63,19 @@ struct StageAssignment {
   uint64_t hold_bytes = 0;    // weights and KV cache of its layers (+ the head's tensors)
   uint64_t need_bytes = 0;    // hold_bytes + working bytes: what its budget must cover
   uint64_t budget_bytes = 0;  // its budget, as reported
+  std::string address;        // where its hops are sent (the head's: where laps RETURN)
+  uint64_t download_bytes = 0;  // its tensors as stored (the head fills it from the index)
+  uint64_t peak_rss_bytes = 0;  // its peak resident set as it last reported it; 0: unknown
 };
 
 struct Plan {
   std::vector<StageAssignment> stages;  // stage 0 is the head
   double est_seconds_per_token = 0;
   std::vector<std::string> notes;       // devices left out or dropped, and why
+  // A preview that could not be made (HeadSession::PreviewPlan): fits is false and warning
+  // says why, so the user sees it before any download.
+  bool fits = true;
+  std::string warning;
 };
 
 // Capacities + free memory + model -> plan. devices[0] is the head. The head is stage 0,

@@ -74,7 +74,7 @@ TEST_F(SessionTest, TheModelViewAndPlanComeFromHeadersOnly) {
   EXPECT_TRUE(plan->fits);
   EXPECT_EQ(plan->stages[0].device_id, session_->device_id());
   EXPECT_EQ(plan->stages[2].end, 5);
-  EXPECT_GT(plan->hold_bytes[1], 0u);
+  EXPECT_GT(plan->stages[1].hold_bytes, 0u);
   // A split the room cannot give is a warning, not a crash.
   auto too_many = session_->PreviewPlan(9);
   ASSERT_TRUE(too_many.ok());

@@ -17,6 +17,7 @@
 
 #include "daisy/head.h"
 #include "daisy/net.h"
+#include "daisy/ring.h"
 #include "daisy/node.h"
 #include "node_faults.h"
 

@@ -1,5 +1,7 @@
 #include "http.h"
 
+#include "daisy/hub.h"
+
 #include <curl/curl.h>
 
 #include <algorithm>
@@ -193,7 +195,7 @@ HopResponse PerformHop(const ConnectionPool& pool, const HopRequest& request, co
   curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(curl, CURLOPT_SHARE, pool.share());
   curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);  // the caller follows, to control the token
-  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, request.http_only ? "http" : "http,https");
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // thread-safe timeouts
   curl_easy_setopt(curl, CURLOPT_USERAGENT, "daisychain/0.1");
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
@@ -201,6 +203,11 @@ HopResponse PerformHop(const ConnectionPool& pool, const HopRequest& request, co
   curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, &OnProgress);
   curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &ex);
+  if (request.post_json != nullptr) {
+    headers = curl_slist_append(headers, "Content-Type: application/json");
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.post_json->c_str());
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(request.post_json->size()));
+  }
   if (headers != nullptr) curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
   if (request.head) curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
   if (!range.empty()) curl_easy_setopt(curl, CURLOPT_RANGE, range.c_str());
@@ -232,6 +239,31 @@ HopResponse PerformHop(const ConnectionPool& pool, const HopRequest& request, co
   curl_slist_free_all(headers);
   curl_easy_cleanup(curl);
   return response;
+}
+
+Result<LanAnswer> LanExchange(const std::string& url, const std::string* post_json) {
+  static const ConnectionPool pool;
+  HopRequest request;
+  request.url = url;
+  request.timeout_s = 10;
+  request.post_json = post_json;
+  request.http_only = true;
+  LanAnswer answer;
+  const HopResponse r = PerformHop(
+      pool, request,
+      [](long, const Headers&, bool* deliver) {
+        *deliver = true;
+        return Status::Ok();
+      },
+      [&](std::span<const uint8_t> chunk) {
+        if (answer.body.size() + chunk.size() > (1u << 20)) return DataLoss("the answer from " + url + " is over 1 MiB");
+        answer.body.append(reinterpret_cast<const char*>(chunk.data()), chunk.size());
+        return Status::Ok();
+      });
+  if (!r.transport_ok) return Unavailable(r.transport_error);
+  if (!r.body_status.ok()) return r.body_status;
+  answer.status = r.status;
+  return answer;
 }
 
 }  // namespace daisy::hub

@@ -51,6 +51,8 @@ struct HopRequest {
   std::optional<std::pair<uint64_t, uint64_t>> range;  // first and last byte, inclusive
   std::string bearer_token;                            // empty: no Authorization header
   double timeout_s = 60;
+  const std::string* post_json = nullptr;  // set: a POST of this JSON body
+  bool http_only = false;                  // refuse https (LAN services speak plain http)
 };
 
 struct HopResponse {

@@ -16,6 +16,7 @@
 #include "daisy/model.h"
 #include "daisy/net.h"
 #include "daisy/plan.h"
+#include "daisy/ring.h"
 #include "daisy/tokenizer.h"
 
 namespace daisy {
@@ -57,72 +58,50 @@ class Node {
       std::error_code ec;
       if (!std::filesystem::is_directory(d, ec)) return InvalidArgument("--models-dir " + d + ": no such folder");
     }
-    const std::string home = DeviceHome();
-    DAISY_ASSIGN_OR_RETURN(net::KeyPair keys, DeviceKeys(home, o_.role));
-    keys_ = keys;
-    id_ = net::KeyId(keys.public_key);
-    DAISY_ASSIGN_OR_RETURN(ep_, net::Endpoint::Bind(o_.bind_host, o_.port, keys));
-    if (!o_.advertise.empty()) {
-      DAISY_ASSIGN_OR_RETURN(address_, net::JoinAddress(o_.advertise));
-    } else {
-      address_ = ep_->address();
-    }
-    hello_ = MeasureHello(id_, o_.name, wire::kCapCompute, MemoryBudget(o_.max_memory));
+    RoomMember::Options mo;
+    mo.role = o_.role;
+    mo.name = o_.name;
+    mo.rendezvous = o_.rendezvous;
+    mo.room = o_.room;
+    mo.server_key = o_.server_key;
+    mo.admission = o_.admission;
+    mo.bind_host = o_.bind_host;
+    mo.port = o_.port;
+    mo.advertise = o_.advertise;
+    mo.capabilities = wire::kCapCompute;
+    mo.budget = MemoryBudget(o_.max_memory);
+    mo.stop = o_.stop;
+    DAISY_ASSIGN_OR_RETURN(member_, RoomMember::Create(mo));
+    const wire::Hello& hello = member_->hello();
+    name_ = hello.name;
+    member_->set_log_name("node " + name_);
     std::fprintf(stderr, "node %s (key fingerprint %s): %s backend, %.0f GEMMs/s, %.1f GB free; joining room '%s' at %s\n",
-                 hello_.name.c_str(), net::Fingerprint(keys.public_key).c_str(), hello_.backend.c_str(), hello_.gemms_per_s,
-                 static_cast<double>(hello_.free_memory) / 1e9, o_.room.c_str(), o_.rendezvous.c_str());
-    // The host approves this device's key first (over HTTP); only then does the rendezvous
-    // admit its ZeroMQ connection.
-    JoinOptions jo;
-    jo.rendezvous = o_.rendezvous;
-    jo.room = o_.room;
-    jo.name = hello_.name;
-    jo.server_fingerprint = o_.server_key;
-    jo.home = home;
-    jo.admission = o_.admission;
-    jo.stop = o_.stop;
-    auto server_key = AwaitAdmission(jo, keys);
-    if (!server_key.ok()) {
-      if (server_key.status().code() == ErrorCode::kAborted) return Status::Ok();
-      return server_key.status();
+                 name_.c_str(), net::Fingerprint(member_->keys().public_key).c_str(), hello.backend.c_str(), hello.gemms_per_s,
+                 static_cast<double>(hello.free_memory) / 1e9, o_.room.c_str(), o_.rendezvous.c_str());
+    if (Status admitted = member_->Admit(); !admitted.ok()) {
+      return admitted.code() == ErrorCode::kAborted ? Status::Ok() : admitted;
     }
-    server_key_ = *server_key;
-    ep_->SetPeerKey(o_.rendezvous, server_key_);
-    ep_->Allow(server_key_);
-    // Heartbeats and the join come from a thread of their own: loading a slice or running
-    // a long hop on this thread never makes the rendezvous take this device for dead.
-    net::PulseOptions po;
-    po.rendezvous = o_.rendezvous;
-    po.server_key = server_key_;
-    po.keys = keys;
-    po.device_id = id_;
-    po.join_frame = wire::Encode(wire::Message(wire::Join{o_.room, address_, hello_}));
-    DAISY_ASSIGN_OR_RETURN(pulse_, net::Pulse::Start(po));
     while (!(o_.stop && o_.stop->load())) {
-      if (pulse_->SilentFor() > net::kRendezvousLostSeconds) {
+      if (member_->RendezvousLost()) {
         // The rendezvous stopped taking heartbeats: it is gone, or it restarted and no longer
         // admits this key. Ask to be admitted again (same server key); the layers stay.
         std::fprintf(stderr, "node %s: lost the rendezvous at %s (no heartbeat got through for %.0f s); asking to be admitted again\n",
-                     hello_.name.c_str(), o_.rendezvous.c_str(), pulse_->SilentFor());
-        auto again = AwaitAdmission(jo, keys);
-        if (!again.ok()) {
-          if (again.status().code() == ErrorCode::kAborted) break;
-          return again.status();
+                     name_.c_str(), o_.rendezvous.c_str(), net::kRendezvousLostSeconds);
+        if (Status again = member_->Readmit(); !again.ok()) {
+          if (again.code() == ErrorCode::kAborted) break;
+          return again;
         }
-        if (*again != server_key_) return FailedPrecondition("the rendezvous at " + o_.rendezvous + " came back with another key");
         joined_ = false;
-        // Give the pulse a few beats to get through before judging it again.
-        for (int i = 0; i < 30 && pulse_->SilentFor() > 1.5 && !(o_.stop && o_.stop->load()); ++i)
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       ForgetHeadIfGone();
-      auto frame = ep_->ReceiveFrame(100);
-      if (!frame.ok()) return frame.status();
-      if (!frame->has_value()) continue;
-      Handle((*frame)->bytes, (*frame)->sender_key);
+      auto in = member_->Receive(100, slice_.weights ? slice_.info->spec.hidden : 0, [&](const std::string& sender) {
+        return (!head_key_.empty() && sender == head_key_) || (!upstream_key_.empty() && sender == upstream_key_);
+      });
+      if (!in.ok()) return in.status();
+      if (!in->has_value()) continue;
+      Handle(**in);
     }
-    pulse_.reset();
-    (void)ep_->Send(o_.rendezvous, wire::Message(wire::Bye{id_}), 300);
+    member_->Leave();
     return Status::Ok();
   }
 
@@ -132,28 +111,26 @@ class Node {
   // tokens, done, audit requests and errors; the stage before this one the activations.
   // Anything else, and garbage from anyone but those two, is dropped without a word to
   // the head: a member of the room that floods or sends junk disturbs nothing.
-  void Handle(const std::vector<uint8_t>& frame, const std::string& sender) {
+  void Handle(Incoming& in) {
+    const std::string& sender = in.sender;
     const bool from_head = !head_key_.empty() && sender == head_key_;
     const bool from_upstream = !upstream_key_.empty() && sender == upstream_key_;
-    auto msg = wire::Decode(frame, slice_.weights ? slice_.info->spec.hidden : 0);
-    if (!msg.ok()) {
-      if (from_head || from_upstream) {
-        LogWarning("node: refused a frame: " + msg.status().message());
-        (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{wire::kErrFrame, hello_.name + " refused a frame: " + msg.status().message()}), 500);
-      } else {
-        Dropped(sender, "a malformed frame (" + msg.status().message() + ")");
-      }
+    if (!in.message.ok()) {  // only the head's or upstream's get here (Receive's `expects`)
+      LogWarning("node: refused a frame: " + in.message.status().message());
+      (void)member_->Send(head_address_,
+                          wire::Message(wire::ErrorMsg{wire::kErrFrame, name_ + " refused a frame: " + in.message.status().message()}),
+                          500);
       return;
     }
+    wire::Message& msg = *in.message;
     bool allowed = false;
     std::visit(
         [&](const auto& m) {
           using T = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<T, wire::Peers>) {
-            allowed = sender == server_key_;
+            allowed = true;  // Receive took it from the rendezvous alone
           } else if constexpr (std::is_same_v<T, wire::Assignment>) {
-            auto it = key_of_.find(m.stages[0].device_id);
-            allowed = it != key_of_.end() && it->second == sender;
+            allowed = !m.stages.empty() && member_->KeyOf(m.stages[0].device_id) == sender;
           } else if constexpr (std::is_same_v<T, wire::Activation> || std::is_same_v<T, wire::HopReceipt>) {
             allowed = from_upstream;
           } else if constexpr (std::is_same_v<T, wire::Token> || std::is_same_v<T, wire::Done> ||
@@ -161,26 +138,14 @@ class Node {
             allowed = from_head;
           }
         },
-        *msg);
-    if (!allowed) return Dropped(sender, "a " + std::string(wire::TagName(static_cast<int32_t>(frame[0]) | ~0xff)) + " it has no business sending");
-    std::visit([&](auto& m) { On(m); }, *msg);
-  }
-
-  // At most one line a second about dropped frames, however many arrive.
-  void Dropped(const std::string& sender, const std::string& what) {
-    ++dropped_;
-    if (Clock::now() - last_drop_log_ < std::chrono::seconds(1)) return;
-    last_drop_log_ = Clock::now();
-    LogWarning("node " + hello_.name + ": dropped " + what + " from " + (sender.empty() ? std::string("an unknown sender") : "key " + sender.substr(0, 8)) +
-               " (" + std::to_string(dropped_) + " dropped so far)");
+        msg);
+    if (!allowed) return member_->Dropped(sender, "a " + std::string(MessageName(msg)) + " it has no business sending");
+    std::visit([&](auto& m) { On(m); }, msg);
   }
 
   void On(wire::Peers& p) {
-    // Only the room's members (and the rendezvous) may reach this inbox from now on.
-    net::ApplyPeerList(*ep_, server_key_, p);
-    key_of_.clear();
-    for (const auto& peer : p.peers) key_of_[peer.hello.device_id] = peer.public_key;
-    if (!joined_) std::fprintf(stderr, "node %s: in room '%s' with %zu device(s)\n", hello_.name.c_str(), p.room.c_str(), p.peers.size());
+    // RoomMember applied the list: only the room's members may reach this inbox now.
+    if (!joined_) std::fprintf(stderr, "node %s: in room '%s' with %zu device(s)\n", name_.c_str(), p.room.c_str(), p.peers.size());
     joined_ = true;
     bool head_here = head_id_.empty();
     for (const auto& peer : p.peers) head_here = head_here || peer.hello.device_id == head_id_;
@@ -192,8 +157,8 @@ class Node {
       // taken as gone only when no later list brings it back (ForgetHeadIfGone), and until then its
       // frames are still admitted.
       if (!head_missing_since_) head_missing_since_ = Clock::now();
-      ep_->Allow(head_key_);
-      ep_->SetPeerKey(head_address_, head_key_);
+      member_->endpoint().Allow(head_key_);
+      member_->endpoint().SetPeerKey(head_address_, head_key_);
     }
   }
 
@@ -202,7 +167,7 @@ class Node {
   void ForgetHeadIfGone() {
     if (!head_missing_since_ || Clock::now() - *head_missing_since_ < std::chrono::seconds(3)) return;
     head_missing_since_.reset();
-    std::fprintf(stderr, "node %s: the head left; keeping my layers for the next turn\n", hello_.name.c_str());
+    std::fprintf(stderr, "node %s: the head left; keeping my layers for the next turn\n", name_.c_str());
     busy_head_.clear();
     head_id_.clear();
     head_address_.clear();
@@ -214,18 +179,18 @@ class Node {
   void On(wire::Assignment& a) {
     // One turn owns the ring: another head's assignment waits until this turn is done.
     if (!busy_head_.empty() && busy_head_ != a.stages[0].device_id) {
-      (void)ep_->Send(a.stages[0].address,
-                      wire::Message(wire::ErrorMsg{wire::kErrBusy, "busy: " + hello_.name + " is serving another head's turn"}), 1000);
+      (void)member_->Send(a.stages[0].address,
+                      wire::Message(wire::ErrorMsg{wire::kErrBusy, "busy: " + name_ + " is serving another head's turn"}), 1000);
       return;
     }
     // The sender becomes this device's head only once its assignment is accepted.
     const std::string old_id = std::exchange(head_id_, a.stages[0].device_id);
     const std::string old_address = std::exchange(head_address_, a.stages[0].address);
-    const std::string old_key = std::exchange(head_key_, key_of_[head_id_]);  // Handle checked the sender holds it
+    const std::string old_key = std::exchange(head_key_, member_->KeyOf(head_id_));  // Handle checked the sender holds it
     Status st = Assign(a);
     if (!st.ok()) {
-      std::fprintf(stderr, "node %s: assignment refused: %s\n", hello_.name.c_str(), Redact(st.message()).c_str());
-      (void)ep_->Send(a.stages[0].address, wire::Message(wire::ErrorMsg{wire::kErrAssignment, hello_.name + ": " + Redact(st.message())}), 1000);
+      std::fprintf(stderr, "node %s: assignment refused: %s\n", name_.c_str(), Redact(st.message()).c_str());
+      (void)member_->Send(a.stages[0].address, wire::Message(wire::ErrorMsg{wire::kErrAssignment, name_ + ": " + Redact(st.message())}), 1000);
       head_id_ = old_id;
       head_address_ = old_address;
       head_key_ = old_key;
@@ -236,10 +201,10 @@ class Node {
     // lists for those devices: a head that rejoined at a new address is reachable even
     // before the peer list that shows it arrives. CURVE still proves who listens there.
     for (const auto& st : a.stages)
-      if (auto k = key_of_.find(st.device_id); k != key_of_.end()) ep_->SetPeerKey(st.address, k->second);
-    Status sent = ep_->Send(
+      if (auto k = member_->KeyOf(st.device_id); !k.empty()) member_->endpoint().SetPeerKey(st.address, k);
+    Status sent = member_->Send(
         head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes(), kept_, PeakRssBytes()}), 2000);
-    if (!sent.ok()) LogWarning("node " + hello_.name + ": could not tell the head it is ready: " + sent.message());
+    if (!sent.ok()) LogWarning("node " + name_ + ": could not tell the head it is ready: " + sent.message());
   }
 
   // The assignment's cache: the conversation's slot, its first `keep` positions kept only
@@ -260,7 +225,7 @@ class Node {
         return b;
       };
       while (!slots_.empty() && (static_cast<int>(slots_.size()) >= std::max(1, o_.cache_slots) ||
-                                 need + kept_bytes() > hello_.free_memory)) {
+                                 need + kept_bytes() > member_->hello().free_memory)) {
         auto lru = std::min_element(slots_.begin(), slots_.end(), [](const CacheSlot& x, const CacheSlot& y) { return x.last_used < y.last_used; });
         slots_.erase(lru);
       }
@@ -278,9 +243,8 @@ class Node {
   Status Assign(const wire::Assignment& a) {
     // The plan must cover the model exactly once with the head first (checked again once
     // the layer count is known), and the model id must be a repo id or a local path.
-    Plan plan;
-    for (const auto& s : a.stages) plan.stages.push_back({s.device_id, "", s.first, s.end, 0});
-    if (a.stages[static_cast<size_t>(a.your_stage)].device_id != id_)
+    Plan plan = PlanFromWire(a.stages);
+    if (a.stages[static_cast<size_t>(a.your_stage)].device_id != member_->id())
       return InvalidArgument("the assignment's stage " + std::to_string(a.your_stage) + " is not this device");
     const bool same_model = slice_.info && slice_.model_id == a.model_id && slice_.revision == a.revision;
     if (!same_model) {
@@ -323,22 +287,22 @@ class Node {
       // with the budget from this device's hello, so this is a plan made elsewhere, or
       // older, or a budget lowered since).
       const uint64_t need = PlanModelOf(*slice_.info, a.ctx).Need(me.end - me.first, false);
-      if (need > hello_.free_memory)
+      if (need > member_->hello().free_memory)
         return ResourceExhausted("layers [" + std::to_string(me.first) + ", " + std::to_string(me.end) + ") of " +
                                  a.model_id + " at context " + std::to_string(a.ctx) + " need " + FormatBytes(need) +
                                  " (int8 weights, KV cache and working memory) but this device's memory budget is " +
-                                 FormatBytes(hello_.free_memory) + ": refused before any download");
-      std::fprintf(stderr, "node %s: fetching layers [%d, %d) of %s\n", hello_.name.c_str(), me.first, me.end, a.model_id.c_str());
+                                 FormatBytes(member_->hello().free_memory) + ": refused before any download");
+      std::fprintf(stderr, "node %s: fetching layers [%d, %d) of %s\n", name_.c_str(), me.first, me.end, a.model_id.c_str());
       auto started = Clock::now();
       auto last_progress = Clock::now() - std::chrono::seconds(1);
       ProgressFn progress = [&](const TransferProgress& p) {
         // Tell the head how far it is (the pulse keeps the heartbeats going meanwhile).
         if (Clock::now() - last_progress > std::chrono::milliseconds(250) || p.bytes_done == p.bytes_total) {
           last_progress = Clock::now();
-          (void)ep_->Send(head_address_, wire::Message(wire::Progress{a.turn, a.your_stage, std::min(p.bytes_done, p.bytes_total), p.bytes_total}), 200);
+          (void)member_->Send(head_address_, wire::Message(wire::Progress{a.turn, a.your_stage, std::min(p.bytes_done, p.bytes_total), p.bytes_total}), 200);
         }
         if (Clock::now() - started > std::chrono::seconds(2) && p.bytes_total > 0) {
-          std::fprintf(stderr, "\rnode %s: %5.1f%% of %.1f MB", hello_.name.c_str(),
+          std::fprintf(stderr, "\rnode %s: %5.1f%% of %.1f MB", name_.c_str(),
                        100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total),
                        static_cast<double>(p.bytes_total) / 1e6);
           started = Clock::now() - std::chrono::seconds(1);
@@ -348,7 +312,7 @@ class Node {
       slice_.weights = std::make_unique<StageWeights>(std::move(w));
       slice_.first = me.first;
       slice_.end = me.end;
-      std::fprintf(stderr, "node %s: holding layers [%d, %d): %.2f MB resident\n", hello_.name.c_str(), me.first, me.end,
+      std::fprintf(stderr, "node %s: holding layers [%d, %d): %.2f MB resident\n", name_.c_str(), me.first, me.end,
                    static_cast<double>(slice_.weights->Bytes()) / 1e6);
     }
     if (slice_.ctx != a.ctx) {
@@ -358,14 +322,14 @@ class Node {
     }
     SelectCache(a);
     // Activations come only from the stage before this one (the head, for stage 1).
-    upstream_key_ = key_of_[a.stages[static_cast<size_t>(a.your_stage) - 1].device_id];
+    upstream_key_ = member_->KeyOf(a.stages[static_cast<size_t>(a.your_stage) - 1].device_id);
     stage_ = a.your_stage;
-    stages_ = a.stages;
+    plan_ = std::move(plan);
     seq_ = static_cast<int32_t>(a.turn);
     audit_ = a.audit;
     receipts_.clear();
     if (audit_) {
-      DAISY_ASSIGN_OR_RETURN(audit_key_, net::AuditKey(keys_, key_of_[a.stages[0].device_id]));
+      DAISY_ASSIGN_OR_RETURN(audit_key_, net::AuditKey(member_->keys(), member_->KeyOf(a.stages[0].device_id)));
     }
     inputs_.clear();
     inputs_from_ = kept_;
@@ -376,8 +340,8 @@ class Node {
 
   void On(wire::Activation& a) {
     auto refuse = [&](const std::string& why, uint16_t code = wire::kErrHop) {
-      LogWarning("node " + hello_.name + ": refused a hop: " + why);
-      if (!head_address_.empty()) (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{code, hello_.name + " refused a hop: " + why}), 300);
+      LogWarning("node " + name_ + ": refused a hop: " + why);
+      if (!head_address_.empty()) (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{code, name_ + " refused a hop: " + why}), 300);
     };
     if (!slice_.weights) return refuse("no layers assigned");
     if (a.model_hash != slice_.model_hash) return refuse("model_hash mismatch: this device holds a slice of another model");
@@ -385,15 +349,14 @@ class Node {
     if (a.seq != seq_ || !kv_) {
       // A late hop of an earlier turn (a stage that was stopped and resumed, a replayed
       // turn): not this turn's business, so the head of this turn is not told.
-      LogInfo("node " + hello_.name + ": dropped a hop of turn " + std::to_string(a.seq) + ", not of the turn assigned");
+      LogInfo("node " + name_ + ": dropped a hop of turn " + std::to_string(a.seq) + ", not of the turn assigned");
       return;
     }
     const int hidden = slice_.info->spec.hidden;
-    HiddenStates h;
-    h.hidden = hidden;
-    const int n = static_cast<int>(a.values.size()) / hidden;
-    for (int i = 0; i < n; ++i) h.positions.push_back(a.token_index + i);
-    h.values = std::move(a.values);
+    auto decoded = DecodeHop(a, hidden);
+    if (!decoded.ok()) return refuse(decoded.status().message());
+    HiddenStates h = std::move(*decoded);
+    const int n = h.n_tokens();
     wire::Digest in_digest{};
     if (audit_) {
       // Keep this turn's inputs for an audit, in position order (a rewind drops the rest).
@@ -409,18 +372,12 @@ class Node {
     if (!st.ok()) return refuse(st.message());
     compute_seconds_ += std::chrono::duration<double>(Clock::now() - started).count();
     ++hops_;
-    wire::Activation out;
-    out.seq = a.seq;
-    out.token_index = a.token_index;
-    const bool last = static_cast<size_t>(stage_) + 1 >= stages_.size();
-    out.next = last ? wire::kNextReturn : stage_ + 1;
-    out.model_hash = slice_.model_hash;
-    out.values = std::move(h.values);
-    if (o_.faults) o_.faults->OnHopOutput(out.values);  // tests only: a slow or lying stage
-    const std::string& to = last ? stages_[0].address : stages_[static_cast<size_t>(stage_) + 1].address;
+    if (o_.faults) o_.faults->OnHopOutput(h.values);  // tests only: a slow or lying stage
+    const auto hop = Route(plan_, stage_);
+    if (!hop.ok()) return refuse(hop.status().message());
     if (audit_ && !head_address_.empty()) {
       // The report to the head: what came in (with the sender's receipt for it) and what goes out.
-      wire::HopDigest d{a.seq, stage_, out.token_index, n, in_digest, wire::RowsDigest(out.values), false, {}};
+      wire::HopDigest d{a.seq, stage_, a.token_index, n, in_digest, wire::RowsDigest(h.values), false, {}};
       if (stage_ >= 2) {
         auto r = receipts_.find(a.token_index);
         if (r != receipts_.end() && r->second.seq == a.seq && r->second.rows == n) {
@@ -429,19 +386,21 @@ class Node {
         }
         receipts_.erase(receipts_.begin(), receipts_.upper_bound(a.token_index));
       }
-      (void)ep_->Send(head_address_, wire::Message(d), 500);
-      if (o_.faults) o_.faults->AfterReport(out.values);  // tests only: a liar with an honest digest
-      if (!last) {
+      (void)member_->Send(head_address_, wire::Message(d), 500);
+      if (o_.faults) o_.faults->AfterReport(h.values);  // tests only: a liar with an honest digest
+      if (!hop->to_return) {
         // The receipt for what really goes out, MACed for the head: the next stage checks it
         // against the rows it receives and forwards it in its own report.
-        wire::HopReceipt rc{a.seq, stage_, out.token_index, n, wire::RowsDigest(out.values), {}};
+        wire::HopReceipt rc{a.seq, stage_, a.token_index, n, wire::RowsDigest(h.values), {}};
         rc.mac = wire::ReceiptMac(audit_key_, slice_.model_hash, rc);
-        (void)ep_->Send(to, wire::Message(rc), 500);
+        (void)member_->Send(plan_.stages[static_cast<size_t>(hop->stage)].address, wire::Message(rc), 500);
       }
-      if (o_.faults) o_.faults->AfterReceipt(out.values);  // tests only: ... and an honest-looking receipt
+      if (o_.faults) o_.faults->AfterReceipt(h.values);  // tests only: ... and an honest-looking receipt
     }
-    out.act_hash = wire::ActHash(out.values);
-    Status sent = ep_->Send(to, wire::Message(out), 1500);
+    // Encoded last: the payload hash covers what really goes out.
+    auto out = EncodeHop(plan_, stage_, a.seq, slice_.model_hash, std::move(h));
+    if (!out.ok()) return refuse(out.status().message());
+    Status sent = member_->Send(out->address, wire::Message(std::move(out->activation)), 1500);
     if (!sent.ok()) refuse("could not pass the activation on: " + sent.message(), wire::kErrNextUnreachable);
   }
 
@@ -471,7 +430,7 @@ class Node {
       for (auto& s : slots_)
         if (s.key == cache_key_ && s.kv.get() == kv_ && kv_->length() == d.cached) s.tag = d.cache_tag;
       if (!head_address_.empty())
-        (void)ep_->Send(head_address_,
+        (void)member_->Send(head_address_,
                         wire::Message(wire::StageStats{d.seq, stage_, hops_, compute_seconds_, PeakRssBytes()}), 500);
     }
     if (o_.print_tokens && d.seq == printed_seq_) {
@@ -480,7 +439,7 @@ class Node {
     }
     std::fflush(stdout);
   }
-  void On(wire::ErrorMsg& e) { LogWarning("node " + hello_.name + ": the head says: " + e.message); }
+  void On(wire::ErrorMsg& e) { LogWarning("node " + name_ + ": the head says: " + e.message); }
   void On(wire::Bye&) {}
   void On(wire::Heartbeat&) {}
   void On(wire::Hello&) {}
@@ -488,7 +447,7 @@ class Node {
   void On(wire::Join&) {}
   void On(wire::AuditRequest& q) {
     auto refuse = [&](const std::string& why) {
-      (void)ep_->Send(head_address_, wire::Message(wire::ErrorMsg{wire::kErrAudit, hello_.name + " cannot answer an audit: " + why}), 500);
+      (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{wire::kErrAudit, name_ + " cannot answer an audit: " + why}), 500);
     };
     if (!audit_ || q.seq != seq_ || !slice_.info) return refuse("no audited turn " + std::to_string(q.seq));
     const int hidden = slice_.info->spec.hidden;
@@ -500,7 +459,7 @@ class Node {
     d.from = q.from;
     d.values.assign(inputs_.begin() + static_cast<std::ptrdiff_t>(q.from - inputs_from_) * hidden,
                     inputs_.begin() + static_cast<std::ptrdiff_t>(q.to - inputs_from_) * hidden);
-    (void)ep_->Send(head_address_, wire::Message(d), 3000);
+    (void)member_->Send(head_address_, wire::Message(d), 3000);
   }
   void On(wire::HopDigest&) {}
   void On(wire::HopReceipt& r) {
@@ -513,24 +472,17 @@ class Node {
   void On(wire::StageStats&) {}
 
   const NodeOptions& o_;
-  std::string id_;
-  std::unique_ptr<net::Endpoint> ep_;
-  std::string address_;     // what peers send to (the inbox, or --advertise)
-  std::string server_key_;  // the rendezvous's public key
-  std::map<std::string, std::string> key_of_;  // device id -> public key, from the peer list
+  std::unique_ptr<RoomMember> member_;  // keys, inbox, hello, heartbeats, the room's list
+  std::string name_;                    // this device's name, as its hello gives it
   std::string head_key_;      // the key of the head whose turn this is
   std::string upstream_key_;  // the key of the stage that sends this one its activations
-  int64_t dropped_ = 0;
-  Clock::time_point last_drop_log_ = Clock::now() - std::chrono::seconds(10);
-  wire::Hello hello_;
   bool joined_ = false;
-  std::unique_ptr<net::Pulse> pulse_;
   std::optional<Clock::time_point> head_missing_since_;  // the turn's head is not in the last list
   std::string head_id_, head_address_;
   std::string busy_head_;  // the head whose turn this device serves, until its done
   Slice slice_;
   int stage_ = -1;
-  std::vector<wire::StageEntry> stages_;
+  Plan plan_;  // the assigned turn's plan, as its assignment gave it
   int32_t seq_ = -1;  // the turn assigned
   std::vector<CacheSlot> slots_;
   uint64_t use_clock_ = 0;
@@ -542,7 +494,6 @@ class Node {
   bool audit_ = false;           // this turn is audited: keep inputs, send digests and receipts
   std::array<uint8_t, 32> audit_key_{};          // shared with the turn's head (net::AuditKey)
   std::map<int32_t, wire::HopReceipt> receipts_;  // upstream's receipts, by first position
-  net::KeyPair keys_;
   std::vector<float> inputs_;    // the turn's hop inputs, rows from position inputs_from_
   int32_t inputs_from_ = 0;
   int32_t printed_seq_ = -1;

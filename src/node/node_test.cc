@@ -1,6 +1,7 @@
 // A ring member in this process (RunNode on a thread) driven by a hand-written head over
 // real sockets on 127.0.0.1: assignment, ready, hops, and the hops it must refuse.
 #include "daisy/node.h"
+#include "daisy/ring.h"
 
 #include <gtest/gtest.h>
 

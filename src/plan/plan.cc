@@ -234,6 +234,7 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
     StageAssignment s;
     s.device_id = eligible[i].id;
     s.device_name = eligible[i].name;
+    s.address = eligible[i].address;
     s.first = first;
     s.end = first + counts[i];
     s.hold_bytes = static_cast<uint64_t>(counts[i]) * model.layer_bytes + (i == 0 ? model.head_bytes : 0);

@@ -107,7 +107,7 @@ Json ModelJson(const ModelView& m, bool has_template) {
               {"has_chat_template", has_template}};
 }
 
-Json PlanJson(const PlanView& p) {
+Json PlanJson(const Plan& p) {
   Json stages = Json::array();
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const auto& s = p.stages[i];
@@ -117,7 +117,7 @@ Json PlanJson(const PlanView& p) {
                       {"first", s.first},
                       {"end", s.end},
                       {"download_mb", Mb(s.download_bytes)},
-                      {"hold_mb", i < p.hold_bytes.size() ? Mb(p.hold_bytes[i]) : 0.0},
+                      {"hold_mb", Mb(s.hold_bytes)},
                       {"need_mb", Mb(s.need_bytes)},
                       {"budget_mb", Mb(s.budget_bytes)}});
   }

@@ -1,4 +1,4 @@
-// Device identity and the measurements a hello carries.
+// Device identity and the measurements a hello carries (who a device is, in any role).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,7 +9,7 @@
 #include <xxhash.h>
 
 #include "daisy/kernels.h"
-#include "daisy/node.h"
+#include "daisy/ring.h"
 
 namespace daisy {
 

@@ -2,19 +2,16 @@
 // remembered on first use) and the host's approval of this device's key, over HTTP on the
 // rendezvous's public port (GET /api/key, POST /api/join; docs/HTTP.md). Nothing here goes
 // over ZeroMQ: the rendezvous admits a key only once it is approved.
-#include <curl/curl.h>
-
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "daisy/log.h"
-#include "daisy/node.h"
+#include "daisy/ring.h"
 
 namespace daisy {
 
@@ -24,46 +21,10 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-struct HttpReply {
-  long status = 0;
-  std::string body;
-};
+using HttpReply = LanAnswer;
 
-size_t Collect(char* p, size_t size, size_t n, void* out) {
-  auto* s = static_cast<std::string*>(out);
-  if (s->size() + size * n > (1u << 20)) return 0;  // a join answer is small
-  s->append(p, size * n);
-  return size * n;
-}
-
-// One HTTP exchange; Unavailable when the server cannot be reached.
-Result<HttpReply> Http(const std::string& url, const std::string* post_json) {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-  CURL* c = curl_easy_init();
-  if (!c) return Internal("cannot start libcurl");
-  HttpReply r;
-  curl_slist* headers = nullptr;
-  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT, 10L);
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 5L);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, Collect);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r.body);
-  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
-  if (post_json) {
-    headers = curl_slist_append(headers, "Content-Type: application/json");
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, post_json->c_str());
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, static_cast<long>(post_json->size()));
-  }
-  const CURLcode rc = curl_easy_perform(c);
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-  curl_easy_cleanup(c);
-  curl_slist_free_all(headers);
-  if (rc != CURLE_OK) return Unavailable(std::string(curl_easy_strerror(rc)));
-  return r;
-}
+// One HTTP exchange (the Hub client's libcurl code); Unavailable when the server cannot be reached.
+Result<HttpReply> Http(const std::string& url, const std::string* post_json) { return hub::LanExchange(url, post_json); }
 
 std::string ErrorMessage(const HttpReply& r) {
   Json j = Json::parse(r.body, nullptr, false);

@@ -1,0 +1,204 @@
+// The ring's shared ground, between {net, wire, plan, forward} below and {head, node} above:
+// who a device is (its identity and memory budget) and how it gets into a room (admission),
+// one RoomMember that both the head and a node are, the hop codec (HiddenStates <-> the
+// wire's Activation, next hop from plan::Route), and the plan's wire form. A new kind of
+// member (a browser tab, a relayed device) is added here once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daisy/forward.h"
+#include "daisy/hub.h"
+#include "daisy/model.h"
+#include "daisy/net.h"
+#include "daisy/plan.h"
+#include "daisy/status.h"
+#include "daisy/wire.h"
+
+namespace daisy {
+
+// ---- identity (ring/identity.cc) ----
+
+// Where a device keeps its id, settings and slice cache: $DAISY_HOME, else
+// $XDG_CONFIG_HOME/daisychain or ~/.config/daisychain. Several devices can share a machine
+// by giving each its own DAISY_HOME (the demo and the tests do).
+std::string DeviceHome();
+// The device's long-term CURVE key pair for a role ("node", "serve", "serve-head", "head",
+// "rendezvous"): made on first run and kept in <home>/keys/<role>.key with mode 0600, so
+// a serve and a run on one machine are two devices. A key file others can read is refused.
+Result<net::KeyPair> DeviceKeys(const std::string& home, const std::string& role);
+std::string DeviceKeyPath(const std::string& home, const std::string& role);
+// The device's id for a role: net::KeyId of its public key (16 hex characters, the key's
+// fingerprint without dashes).
+Result<std::string> DeviceId(const std::string& home, const std::string& role);
+// The slice cache: $DAISY_CACHE_DIR, else DeviceHome()/cache when DAISY_HOME is set, else
+// the Hub client's default.
+std::string DeviceCacheDir();
+// Bytes this device can give to weights: MemAvailable from /proc/meminfo, or
+// $DAISY_FREE_MEMORY (bytes) when set (tests and demos simulate small devices with it).
+uint64_t FreeMemoryBytes();
+// The memory budget a device reports: --max-memory when given, else FreeMemoryBytes().
+uint64_t MemoryBudget(std::optional<uint64_t> max_memory);
+// The hello of this device: capacity measured through the live kernel, probe, backend, and
+// `budget` as its free memory (what the plan may give it).
+wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities, uint64_t budget);
+// What the plan counts for this model at context ctx (PlanModelFromSpec with the embedding
+// at the width of its file, when that header is read; BF16 width otherwise).
+PlanModel PlanModelOf(const ModelInfo& info, int ctx);
+// What every device of a ring must agree on before it runs a hop: the normalized spec
+// (XXH64 of its fields) and the model load (wire::ModelHash of repo id, pinned commit and a
+// digest of the tensor index: names, dtypes, shapes and offsets).
+uint64_t SpecHash(const ModelSpec& spec);
+uint32_t ModelHashOf(const ModelSource& source, const TensorIndex& index);
+
+// ---- admission (ring/admission.cc) ----
+
+// How a device gets into a room: learn the rendezvous's public key and have the host
+// approve this device's key for the room.
+struct JoinOptions {
+  std::string rendezvous;  // "tcp://HOST:PORT": the HTTP join is asked at http://HOST:PORT
+  std::string room = "default";
+  std::string name;
+  // --server-key FPR: the rendezvous's key must have this fingerprint. "": trust on first
+  // use, remembered per HOST:PORT in <home>/known_servers; a later change is refused.
+  std::string server_fingerprint;
+  std::string home;  // DeviceHome()
+  // In-process (serve's own devices, tests): ask this instead of HTTP.
+  std::optional<net::Admission> admission;
+  const std::atomic<bool>* stop = nullptr;
+  double unreachable_timeout_s = 0;  // give up when HTTP fails this long (0: keep trying)
+};
+// Blocks until the host approved `keys` for the room (printing this device's fingerprint,
+// the server's, and "waiting for the host to approve ..." while pending); returns the
+// rendezvous's public key. Refuses a server key that does not match --server-key or the
+// one remembered for that address.
+Result<std::string> AwaitAdmission(const JoinOptions& options, const net::KeyPair& keys);
+
+// ---- the room member (ring/member.cc) ----
+
+// One frame from a sender the owner expects, as RoomMember::Receive hands it over.
+struct Incoming {
+  std::string sender;              // the CURVE key that sent it
+  Result<wire::Message> message;   // an error: it did not decode
+};
+
+// A device in a room, head or node alike: its keys and inbox, its hello, its admission by
+// the host and its heartbeats (from a thread of their own, so long work never makes it look
+// dead), and the room's member list as the rendezvous last sent it. Peer lists are taken
+// only from the rendezvous and applied here (only members may then reach the inbox); every
+// other frame is the owner's to judge, and what it drops is logged here, at most one line a
+// second however many arrive. Peers(), KeyOf() and Has() are thread-safe; the rest belongs
+// to the one thread that receives.
+class RoomMember {
+ public:
+  struct Options {
+    std::string role = "node";      // which key under DAISY_HOME
+    std::string name;               // "": the host name
+    std::string log_name = "node";  // how its log lines start
+    std::string rendezvous;         // "tcp://HOST:PORT"
+    std::string room = "default";
+    std::string server_key;         // --server-key FPR (see JoinOptions)
+    std::optional<net::Admission> admission;
+    std::string bind_host = "127.0.0.1";
+    int port = 0;                   // the inbox's port (0: any free port)
+    std::string advertise;          // "HOST:PORT" peers are told to send to ("": the inbox's own)
+    uint32_t capabilities = 0;      // wire::kCap*
+    uint64_t budget = 0;            // memory budget for the hello
+    const std::atomic<bool>* stop = nullptr;
+    double unreachable_timeout_s = 0;
+  };
+  // Keys, inbox and the measured hello; nothing is sent yet.
+  static Result<std::unique_ptr<RoomMember>> Create(const Options& options);
+  ~RoomMember();
+  RoomMember(const RoomMember&) = delete;
+  RoomMember& operator=(const RoomMember&) = delete;
+
+  // Blocks until the host approved this device (aborted: *stop became true), then starts
+  // the heartbeats and the join from their own thread.
+  Status Admit();
+  bool admitted() const { return !server_key_.empty(); }
+  // No heartbeat got through for net::kRendezvousLostSeconds: the rendezvous is gone or
+  // restarted. Readmit asks again (the same server key is required).
+  bool RendezvousLost() const;
+  Status Readmit();
+  // A join now, sooner than the heartbeat thread's (while waiting to appear in the room).
+  void SendJoin(int timeout_ms);
+  // Leaves the room: the heartbeats stop and the rendezvous hears bye.
+  void Leave();
+
+  // The next frame within timeout_ms: nullopt for none, or for one dropped here (a peer
+  // list is applied and returned too). `expects(sender)`: whether a frame that does not
+  // decode is reported to the owner (an error in Incoming::message) rather than dropped.
+  Result<std::optional<Incoming>> Receive(int timeout_ms, int hidden, const std::function<bool(const std::string&)>& expects);
+  // Logs a frame the owner refused (rate-limited): "<log_name>: dropped WHAT from key K".
+  void Dropped(const std::string& sender, const std::string& what);
+  void set_log_name(std::string name) { o_.log_name = std::move(name); }
+  Status Send(const std::string& address, const wire::Message& message, int timeout_ms) {
+    return ep_->Send(address, message, timeout_ms);
+  }
+
+  std::vector<wire::Peer> Peers() const;
+  std::string KeyOf(const std::string& device_id) const;  // "" when not in the room
+  bool Has(const std::string& device_id) const;
+  bool seen_peers() const;
+
+  net::Endpoint& endpoint() { return *ep_; }
+  const net::KeyPair& keys() const { return keys_; }
+  const std::string& id() const { return hello_.device_id; }
+  const wire::Hello& hello() const { return hello_; }
+  const std::string& address() const { return address_; }  // what peers send to
+  const std::string& server_key() const { return server_key_; }
+  const Options& options() const { return o_; }
+
+ private:
+  RoomMember() = default;
+  JoinOptions Join() const;
+  Status StartPulse();
+
+  Options o_;
+  net::KeyPair keys_;
+  std::unique_ptr<net::Endpoint> ep_;
+  std::string address_;
+  wire::Hello hello_;
+  std::string server_key_;
+  std::unique_ptr<net::Pulse> pulse_;
+  mutable std::mutex mu_;
+  std::vector<wire::Peer> peers_;
+  bool seen_peers_ = false;
+  int64_t dropped_ = 0;
+  std::chrono::steady_clock::time_point last_drop_log_ = std::chrono::steady_clock::now() - std::chrono::seconds(10);
+};
+
+// ---- the hop codec and the plan's wire form (ring/hop.cc) ----
+
+// The plan as an assignment carries it (device, address, layers per stage) and back: the
+// one conversion between the plan and the wire.
+std::vector<wire::StageEntry> WireStages(const Plan& plan);
+Plan PlanFromWire(const std::vector<wire::StageEntry>& stages);
+
+// One hop on its way: where it goes and what goes there.
+struct OutgoingHop {
+  std::string address;
+  wire::Activation activation;
+};
+// The rows `from_stage` passes on, for turn `seq`: the next stage is plan::Route's (the
+// head's RETURN address at the end of a lap); the payload hash is taken here, last.
+Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash, HiddenStates&& hidden);
+// The rows an activation carries, at its positions [token_index, token_index + rows).
+// Takes the values out of `activation`; refuses a payload that is not a whole number of rows
+// of width `hidden`.
+Result<HiddenStates> DecodeHop(wire::Activation& activation, int hidden);
+// The stage an activation must be for at the receiver: wire::kNextReturn for the head.
+int32_t WireNext(const Hop& hop);
+// A message's name as the wire calls it ("activation", "assignment", ...), for log lines.
+std::string_view MessageName(const wire::Message& message);
+
+}  // namespace daisy

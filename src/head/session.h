@@ -1,0 +1,135 @@
+// HeadSession's state and the phases of a turn, shared by session.cc (the room, the model,
+// previews), turn.cc (a turn, phase by phase) and verify.cc. Internal to the head module.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "daisy/forward.h"
+#include "daisy/head.h"
+#include "daisy/plan.h"
+#include "daisy/ring.h"
+#include "daisy/tokenizer.h"
+#include "link.h"
+#include "room.h"
+#include "verify.h"
+
+namespace daisy {
+
+namespace head {
+
+using Clock = std::chrono::steady_clock;
+inline double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The prefix cache on the head: one HeadStage (with its KV) per conversation, and what
+// its cache holds.
+struct HeadSlot {
+  uint64_t key = 0;
+  std::unique_ptr<HeadStage> stage;
+  std::vector<int32_t> ids;  // the ids at positions [0, ids.size()) of every stage's cache
+  std::string plan_sig;      // the plan those caches were filled under
+  uint64_t last_used = 0;
+};
+
+// One attempt of a turn, as its phases hand it on.
+struct TurnState {
+  const TurnRequest& request;
+  HeadReport& report;
+  HeadSlot& slot;
+  std::vector<int32_t>& emitted;  // ids already streamed: a replay does not stream them again
+  int attempt = 0;
+  Plan plan;                      // head first; addresses and download sizes filled
+  std::string sig;                // the plan's signature (the prefix cache keeps only under it)
+  int keep = 0;                   // prompt positions every cache keeps
+  uint64_t keep_tag = 0;
+  bool audit = false;
+  std::map<int, int32_t> ready;   // stage -> positions it kept
+  Clock::time_point started;
+
+  void Say(const std::string& line) const {
+    if (request.on_status) request.on_status(line);
+  }
+};
+
+}  // namespace head
+
+struct HeadSession::Impl {
+  SessionOptions o;
+  std::unique_ptr<RoomMember> member;  // keys, inbox, hello, heartbeats, the room's list
+  std::unique_ptr<head::HeadRoom> room;
+
+  // One turn at a time owns the inbox; the idle thread keeps the room between turns.
+  std::mutex turn_mu;
+  std::atomic<int> waiting{0};
+  std::atomic<bool> stopping{false};
+  std::thread idle;
+
+  // The model (guarded by state_mu for readers; replaced only under turn_mu too).
+  mutable std::mutex state_mu;
+  std::unique_ptr<ModelSource> source;
+  std::shared_ptr<const ModelInfo> info;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::optional<ModelView> view;
+  int ctx = 0;
+  uint32_t model_hash = 0;
+  uint64_t spec_hash = 0;
+
+  // Turn state (under turn_mu).
+  std::unique_ptr<StageWeights> head_weights;
+  std::unique_ptr<LocalPipeline> verify_pipeline;
+  std::vector<head::HeadSlot> slots;
+  uint64_t use_clock = 0;
+  uint32_t turn = 0;
+  std::set<std::string> suspects;  // devices that failed an attempt: not planned again this turn
+  bool joined = false;
+  std::mt19937_64 audit_rng;
+  std::map<std::pair<int, int>, std::unique_ptr<StageWeights>> audit_weights;
+  std::vector<head::StepDigest> ring_steps;  // the last finished turn's step digests, for Verify
+
+  ~Impl();
+  const std::string& id() const { return member->id(); }
+  const wire::Hello& hello() const { return member->hello(); }
+
+  // ---- session.cc: the room, the model, previews ----
+  void IdleLoop();
+  std::unique_lock<std::mutex> TakeTurn();
+  Status JoinRoom();
+  Status WaitForDevices(int want, const std::function<void(const std::string&)>& say);
+  Result<ModelView> Load(const std::string& src, int want_ctx);
+  // The plan over the devices in the room now; the head first. A verified turn keeps room
+  // on the head for a stage-by-stage Verify.
+  Result<Plan> PlanNow(int attempt, std::optional<int> stages_wanted, bool verify = false) const;
+  Result<Plan> PreviewPlan(std::optional<int> stages_wanted) const;
+  double LapTimeout(double est_seconds_per_token, int positions_in_flight) const;
+  head::HeadSlot& SlotFor(const TurnRequest& r);
+  head::HeadSlot& NewSlot(uint64_t key);
+  uint64_t HeldNow() const;
+
+  // ---- turn.cc: a turn, phase by phase ----
+  Result<HeadReport> Generate(const TurnRequest& r);
+  Status Turn(head::TurnState& t, GenerateOptions gen);
+  Status PlanTurn(head::TurnState& t);
+  wire::Assignment AssignmentFor(const head::TurnState& t, size_t stage) const;
+  Status Assign(head::TurnState& t);
+  Status LoadHeadSlice(head::TurnState& t);
+  Status AwaitReady(head::TurnState& t);
+  Status RunLaps(head::TurnState& t, GenerateOptions gen);
+  void Finish(head::TurnState& t, const GenerateResult& result, const head::NetLink& link, double wall);
+
+  // ---- verify.cc ----
+  Status Verify(HeadReport& report, const GenerateOptions& gen, const std::function<void(const std::string&)>& say);
+  Status VerifyWhole(HeadReport& report, const GenerateOptions& gen);
+  Status VerifyByStages(HeadReport& report, const GenerateOptions& gen, const std::function<void(const std::string&)>& say);
+};
+
+}  // namespace daisy
