@@ -61,6 +61,16 @@ struct TurnState {
   }
 };
 
+// AwaitReady's clocks: when each stage last gave a sign of life, when its assignment was
+// last sent, and whether the ring is busy with another head's turn.
+struct ReadyWait {
+  Clock::time_point start;
+  std::map<int, Clock::time_point> last_sign;
+  std::map<int, Clock::time_point> resent;
+  Clock::time_point last_busy;
+  std::optional<Clock::time_point> busy_since;
+};
+
 }  // namespace head
 
 struct HeadSession::Impl {
@@ -123,7 +133,11 @@ struct HeadSession::Impl {
   Status Assign(head::TurnState& t);
   Status LoadHeadSlice(head::TurnState& t);
   Status AwaitReady(head::TurnState& t);
+  void ResendAssignments(const head::TurnState& t, head::ReadyWait& w);
+  Status GiveUpIfStuck(const head::TurnState& t, const head::ReadyWait& w);
+  Status OnWhileWaiting(head::TurnState& t, head::ReadyWait& w, const wire::Message& m);
   Status RunLaps(head::TurnState& t, GenerateOptions gen);
+  Status LapsFailed(head::TurnState& t, const head::NetLink& link, Status failure);
   void Finish(head::TurnState& t, const GenerateResult& result, const head::NetLink& link, double wall);
 
   // ---- verify.cc ----

@@ -215,78 +215,17 @@ Status HeadSession::Impl::LoadHeadSlice(TurnState& t) {
 // at once; one that is alive but reports no progress for load_stall_s, or stays busy with
 // another head's turn for busy_wait_s, ends it with its name.
 Status HeadSession::Impl::AwaitReady(TurnState& t) {
-  const auto& stages = t.plan.stages;
-  const size_t n = stages.size();
+  const size_t n = t.plan.stages.size();
   if (n > 1) t.Say("waiting for " + std::to_string(n - 1) + " stage(s) to fetch their layers");
-  const auto wait_start = Clock::now();
-  std::map<int, Clock::time_point> last_sign;  // stage -> its last progress (or the assignment)
-  std::map<int, Clock::time_point> resent;     // stage -> when its assignment was last sent
-  for (size_t i = 1; i < n; ++i) last_sign[static_cast<int>(i)] = resent[static_cast<int>(i)] = wait_start;
-  auto last_busy = Clock::now() - std::chrono::seconds(10);  // our last "busy" answer
-  std::optional<Clock::time_point> busy_since;             // since when the ring has been busy
-  auto send_assignment = [&](size_t i) {
-    (void)member->Send(stages[i].address, wire::Message(AssignmentFor(t, i)), 1000);
-  };
+  head::ReadyWait w;
+  w.start = Clock::now();
+  w.last_busy = w.start - std::chrono::seconds(10);
+  for (size_t i = 1; i < n; ++i) w.last_sign[static_cast<int>(i)] = w.resent[static_cast<int>(i)] = w.start;
   while (t.ready.size() + 1 < n) {
-    if (busy_since && Since(last_busy) > 3.0) busy_since.reset();  // the other turn ended
-    // A stage busy with another head's turn said so: ask again every second.
-    if (busy_since && Since(last_busy) > 1.0) {
-      last_busy = Clock::now();
-      for (size_t i = 1; i < n; ++i)
-        if (!t.ready.count(static_cast<int>(i))) send_assignment(i);
-    }
-    // A stage not heard from at all may have dropped the assignment as from a stranger (its
-    // list of the room was older than this head's join): send it again every 5 s.
-    for (auto& [stage, at] : resent)
-      if (last_sign.at(stage) == wait_start && Since(at) > 5.0) {  // never heard from
-        at = Clock::now();
-        send_assignment(static_cast<size_t>(stage));
-      }
+    ResendAssignments(t, w);
     auto m = room->Poll(100, 0);
-    for (size_t i = 1; i < n; ++i)
-      if (!room->Has(stages[i].device_id)) {
-        suspects.insert(stages[i].device_id);
-        return Unavailable("stage " + std::to_string(i) + " (" + StageName(t.plan, i) +
-                           ") left before it was ready: its heartbeats stopped");
-      }
-    if (busy_since && Since(*busy_since) > o.busy_wait_s)
-      return Unavailable("the ring stayed busy with another head's turn for " +
-                         std::to_string(static_cast<int>(o.busy_wait_s)) + " s; try again later");
-    for (const auto& [stage, at] : last_sign)
-      if (!t.ready.count(stage) && Since(at) > o.load_stall_s) {
-        suspects.insert(stages[static_cast<size_t>(stage)].device_id);
-        return Unavailable("stage " + std::to_string(stage) + " (" + StageName(t.plan, static_cast<size_t>(stage)) +
-                           ") reported no progress for " + std::to_string(static_cast<int>(o.load_stall_s)) +
-                           " s while fetching its layers; giving up on it");
-      }
-    if (!m) continue;
-    const int from = room->StageOfSender(t.plan);
-    if (from >= 1) last_sign[from] = Clock::now();
-    if (auto* rd = std::get_if<wire::Ready>(&*m)) {
-      if (rd->stage >= 1 && static_cast<size_t>(rd->stage) < n && rd->stage == from) {
-        t.ready[rd->stage] = rd->kept;
-        t.report.plan[static_cast<size_t>(rd->stage)].peak_rss_bytes = rd->peak_rss;
-      }
-    } else if (auto* pg = std::get_if<wire::Progress>(&*m)) {
-      if (pg->turn == turn && pg->stage >= 1 && static_cast<size_t>(pg->stage) < n && t.request.on_progress) {
-        const auto& s = stages[static_cast<size_t>(pg->stage)];
-        t.request.on_progress({pg->stage, s.device_id, s.device_name, pg->bytes_done, pg->bytes_total});
-      }
-    } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m)) {
-      if (e->code == wire::kErrBusy) {
-        // Another head's turn holds the ring: wait for it, asking again every second.
-        if (!busy_since) {
-          t.Say("waiting for the turn in progress (" + e->message + ")");
-          busy_since = Clock::now();
-        }
-        last_busy = Clock::now();  // asked again a second after this answer
-      } else if (e->code == wire::kErrAssignment) {
-        return InvalidArgument("a stage refused its assignment: " + e->message);
-      } else {
-        // A late word about an earlier attempt's hop: not about this assignment.
-        LogInfo("head: while waiting for ready, a stage said: " + e->message);
-      }
-    }
+    DAISY_RETURN_IF_ERROR(GiveUpIfStuck(t, w));
+    if (m) DAISY_RETURN_IF_ERROR(OnWhileWaiting(t, w, *m));
   }
   if (n > 1) t.Say("all stages ready");
   t.report.ready_seconds = Since(t.started);
@@ -299,6 +238,79 @@ Status HeadSession::Impl::AwaitReady(TurnState& t) {
   if (t.keep > 0)
     t.Say("prefix cache: reusing " + std::to_string(t.keep) + " of " + std::to_string(t.request.prompt_ids.size()) +
           " prompt positions");
+  return Status::Ok();
+}
+
+void HeadSession::Impl::ResendAssignments(const TurnState& t, head::ReadyWait& w) {
+  const auto& stages = t.plan.stages;
+  auto send = [&](size_t i) { (void)member->Send(stages[i].address, wire::Message(AssignmentFor(t, i)), 1000); };
+  if (w.busy_since && Since(w.last_busy) > 3.0) w.busy_since.reset();  // the other turn ended
+  // A stage busy with another head's turn said so: ask again every second.
+  if (w.busy_since && Since(w.last_busy) > 1.0) {
+    w.last_busy = Clock::now();
+    for (size_t i = 1; i < stages.size(); ++i)
+      if (!t.ready.count(static_cast<int>(i))) send(i);
+  }
+  // A stage not heard from at all may have dropped the assignment as from a stranger (its
+  // list of the room was older than this head's join): send it again every 5 s.
+  for (auto& [stage, at] : w.resent)
+    if (w.last_sign.at(stage) == w.start && Since(at) > 5.0) {  // never heard from
+      at = Clock::now();
+      send(static_cast<size_t>(stage));
+    }
+}
+
+Status HeadSession::Impl::GiveUpIfStuck(const TurnState& t, const head::ReadyWait& w) {
+  const auto& stages = t.plan.stages;
+  for (size_t i = 1; i < stages.size(); ++i)
+    if (!room->Has(stages[i].device_id)) {
+      suspects.insert(stages[i].device_id);
+      return Unavailable("stage " + std::to_string(i) + " (" + StageName(t.plan, i) +
+                         ") left before it was ready: its heartbeats stopped");
+    }
+  if (w.busy_since && Since(*w.busy_since) > o.busy_wait_s)
+    return Unavailable("the ring stayed busy with another head's turn for " + std::to_string(static_cast<int>(o.busy_wait_s)) +
+                       " s; try again later");
+  for (const auto& [stage, at] : w.last_sign)
+    if (!t.ready.count(stage) && Since(at) > o.load_stall_s) {
+      suspects.insert(stages[static_cast<size_t>(stage)].device_id);
+      return Unavailable("stage " + std::to_string(stage) + " (" + StageName(t.plan, static_cast<size_t>(stage)) +
+                         ") reported no progress for " + std::to_string(static_cast<int>(o.load_stall_s)) +
+                         " s while fetching its layers; giving up on it");
+    }
+  return Status::Ok();
+}
+
+// A stage's ready, progress or error while the head waits for every ready.
+Status HeadSession::Impl::OnWhileWaiting(TurnState& t, head::ReadyWait& w, const wire::Message& m) {
+  const auto& stages = t.plan.stages;
+  const int from = room->StageOfSender(t.plan);
+  if (from >= 1) w.last_sign[from] = Clock::now();
+  if (const auto* rd = std::get_if<wire::Ready>(&m)) {
+    if (rd->stage >= 1 && static_cast<size_t>(rd->stage) < stages.size() && rd->stage == from) {
+      t.ready[rd->stage] = rd->kept;
+      t.report.plan[static_cast<size_t>(rd->stage)].peak_rss_bytes = rd->peak_rss;
+    }
+  } else if (const auto* pg = std::get_if<wire::Progress>(&m)) {
+    if (pg->turn == turn && pg->stage >= 1 && static_cast<size_t>(pg->stage) < stages.size() && t.request.on_progress) {
+      const auto& s = stages[static_cast<size_t>(pg->stage)];
+      t.request.on_progress({pg->stage, s.device_id, s.device_name, pg->bytes_done, pg->bytes_total});
+    }
+  } else if (const auto* e = std::get_if<wire::ErrorMsg>(&m)) {
+    if (e->code == wire::kErrBusy) {
+      // Another head's turn holds the ring: wait for it, asking again every second.
+      if (!w.busy_since) {
+        t.Say("waiting for the turn in progress (" + e->message + ")");
+        w.busy_since = Clock::now();
+      }
+      w.last_busy = Clock::now();  // asked again a second after this answer
+    } else if (e->code == wire::kErrAssignment) {
+      return InvalidArgument("a stage refused its assignment: " + e->message);
+    } else {
+      // A late word about an earlier attempt's hop: not about this assignment.
+      LogInfo("head: while waiting for ready, a stage said: " + e->message);
+    }
+  }
   return Status::Ok();
 }
 
@@ -356,23 +368,7 @@ Status HeadSession::Impl::RunLaps(TurnState& t, GenerateOptions gen) {
   const double wall = Since(started);
   report.audited_hops += link.audited();
   report.recomputed_hops += link.recomputed();
-  if (!result.ok()) {  // Unavailable: a ring fault, replayed once without that device
-    if (!link.failed_device().empty()) suspects.insert(link.failed_device());
-    if (!link.also_failed().empty()) suspects.insert(link.also_failed());
-    if (link.bad_position()) {
-      // Tokens sampled from a corrupted position on are not trusted: the replay gives them anew.
-      report.audit_failures.push_back(result.status().message());
-      const int64_t trusted =
-          std::max<int64_t>(0, *link.bad_position() - static_cast<int64_t>(report.prompt_ids.size()) + 1);
-      if (static_cast<int64_t>(t.emitted.size()) > trusted) {
-        t.Say("audit: " + std::to_string(t.emitted.size() - static_cast<size_t>(trusted)) +
-              " token(s) already shown came after the corrupted hop; the replay replaces them");
-        t.emitted.resize(static_cast<size_t>(trusted));
-        if (r.on_retract) r.on_retract(t.emitted.size());
-      }
-    }
-    return result.status();
-  }
+  if (!result.ok()) return LapsFailed(t, link, result.status());
   if (diverged) return DataLoss("the replay produced different token ids than the first attempt");
   ring_steps = std::move(step_digests);
   const std::string tail = stream.Finish();
@@ -380,6 +376,25 @@ Status HeadSession::Impl::RunLaps(TurnState& t, GenerateOptions gen) {
   report.text = stream.Completion();
   Finish(t, *result, link, wall);
   return Status::Ok();
+}
+
+// Laps that failed (Unavailable: a ring fault): the devices to leave out of the replay, and
+// the tokens already shown that came after a corrupted hop, withdrawn.
+Status HeadSession::Impl::LapsFailed(TurnState& t, const head::NetLink& link, Status failure) {
+  if (!link.failed_device().empty()) suspects.insert(link.failed_device());
+  if (!link.also_failed().empty()) suspects.insert(link.also_failed());
+  if (!link.bad_position()) return failure;
+  // Tokens sampled from a corrupted position on are not trusted: the replay gives them anew.
+  t.report.audit_failures.push_back(failure.message());
+  const int64_t trusted =
+      std::max<int64_t>(0, *link.bad_position() - static_cast<int64_t>(t.report.prompt_ids.size()) + 1);
+  if (static_cast<int64_t>(t.emitted.size()) > trusted) {
+    t.Say("audit: " + std::to_string(t.emitted.size() - static_cast<size_t>(trusted)) +
+          " token(s) already shown came after the corrupted hop; the replay replaces them");
+    t.emitted.resize(static_cast<size_t>(trusted));
+    if (t.request.on_retract) t.request.on_retract(t.emitted.size());
+  }
+  return failure;
 }
 
 // Finish: done to every stage (with what its cache now holds), the slot's new prefix, the
