@@ -215,19 +215,25 @@ struct Heartbeat {
   bool operator==(const Heartbeat&) const = default;
 };
 
-// ErrorMsg codes. The head acts on busy, assignment and next-unreachable; the others are
-// reported as they are.
-inline constexpr uint16_t kErrProtocol = 1;         // the rendezvous: protocol version mismatch
-inline constexpr uint16_t kErrFrame = 2;            // a frame from the head or upstream did not decode
-inline constexpr uint16_t kErrAssignment = 3;       // the assignment was refused (the reason follows)
-inline constexpr uint16_t kErrHop = 4;              // a hop was refused or failed on this stage
-inline constexpr uint16_t kErrBusy = 5;             // serving another head's turn: ask again later
-inline constexpr uint16_t kErrAudit = 6;            // an audit request could not be answered
-inline constexpr uint16_t kErrNextUnreachable = 7;  // the hop ran, but the next stage could not be reached
+// What an ErrorMsg reports. The head acts on busy, assignment, audit and next-unreachable;
+// the others are reported as they are. A code keeps its number forever (kProtocol above
+// all: it is the one error a member of another protocol version receives). Every member of
+// a ring speaks the same protocol version (the rendezvous refuses others), so a code this
+// build does not know is a malformed frame: a new code goes at the end, with a new protocol
+// version.
+enum class ErrorKind : uint16_t {
+  kProtocol = 1,         // the rendezvous: protocol version mismatch
+  kFrame = 2,            // a frame from the head or upstream did not decode
+  kAssignment = 3,       // the assignment was refused (the reason follows)
+  kHop = 4,              // a hop was refused or failed on this stage
+  kBusy = 5,             // serving another head's turn: ask again later
+  kAudit = 6,            // an audit request could not be answered
+  kNextUnreachable = 7,  // the hop ran, but the next stage could not be reached
+};
 
 struct ErrorMsg {
   static constexpr Tag kTag = Tag::kError;
-  uint16_t code = 0;
+  ErrorKind code = ErrorKind::kHop;  // there is no code 0 on the wire
   std::string message;
   bool operator==(const ErrorMsg&) const = default;
 };

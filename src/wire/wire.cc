@@ -297,7 +297,11 @@ constexpr bool TagsAreUnique(std::index_sequence<I...>) {
 static_assert(TagsAreUnique(std::make_index_sequence<std::variant_size_v<Message>>()),
               "two messages share a tag: Decode could not tell them apart");
 
-// Finish reasons are numbers on the wire too.
+// Error codes and finish reasons are numbers on the wire too.
+static_assert(static_cast<uint16_t>(ErrorKind::kProtocol) == 1 && static_cast<uint16_t>(ErrorKind::kFrame) == 2 &&
+              static_cast<uint16_t>(ErrorKind::kAssignment) == 3 && static_cast<uint16_t>(ErrorKind::kHop) == 4 &&
+              static_cast<uint16_t>(ErrorKind::kBusy) == 5 && static_cast<uint16_t>(ErrorKind::kAudit) == 6 &&
+              static_cast<uint16_t>(ErrorKind::kNextUnreachable) == 7);
 static_assert(static_cast<uint8_t>(FinishReason::kStop) == 0 && static_cast<uint8_t>(FinishReason::kLength) == 1 &&
               static_cast<uint8_t>(FinishReason::kCancelled) == 2 && static_cast<uint8_t>(FinishReason::kError) == 3);
 
@@ -477,7 +481,7 @@ void Fields(V& v, Is<Heartbeat> auto& m) {
 
 template <class V>
 void Fields(V& v, Is<ErrorMsg> auto& m) {
-  v.U16(m.code, "code");
+  v.Enum(m.code, "code", ErrorKind::kProtocol, ErrorKind::kNextUnreachable);
   v.Str(m.message, "message", kMaxString);
 }
 

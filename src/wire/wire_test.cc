@@ -108,7 +108,7 @@ std::vector<Message> Samples() {
       Token{11, 5, 403},
       Done{7, FinishReason::kCancelled, 40, 0xabcdefull},
       Heartbeat{42, "peer-1"},
-      ErrorMsg{7, "stage 2 lost"},
+      ErrorMsg{ErrorKind::kNextUnreachable, "stage 2 lost"},
       Bye{"peer-2"},
       Join{"room-1", "tcp://127.0.0.1:4444", SampleHello("desk")},
       Peers{"room-2",
@@ -343,7 +343,7 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(RoundTrip(Token{1, 5, 403}).token_id, 403);
   EXPECT_EQ(RoundTrip(Done{1, FinishReason::kLength}).reason, FinishReason::kLength);
   EXPECT_EQ(RoundTrip(Heartbeat{42, "peer-1"}).device_id, "peer-1");
-  EXPECT_EQ(RoundTrip(ErrorMsg{7, "stage 2 lost"}).message, "stage 2 lost");
+  EXPECT_EQ(RoundTrip(ErrorMsg{ErrorKind::kNextUnreachable, "stage 2 lost"}).message, "stage 2 lost");
   EXPECT_EQ(RoundTrip(Bye{"peer-2"}).device_id, "peer-2");
   Join j = RoundTrip(Join{"room-1", "tcp://127.0.0.1:4444", h});
   EXPECT_EQ(j.hello.name, "laptop");
@@ -352,6 +352,20 @@ TEST(Wire, EveryMessageRoundTrips) {
   ASSERT_EQ(ps.peers.size(), 2u);
   EXPECT_EQ(ps.peers[1].address, "tcp://10.0.0.2:9");
   EXPECT_EQ(ps.peers[1].public_key, kKey);
+}
+
+// Every member of a ring speaks this protocol version, so a code it does not know is a
+// malformed frame, not something to pass on.
+TEST(Wire, ErrorCodesAreTheKnownOnesOnly) {
+  for (uint16_t code = 1; code <= 7; ++code) {
+    SCOPED_TRACE(code);
+    EXPECT_EQ(static_cast<uint16_t>(RoundTrip(ErrorMsg{static_cast<ErrorKind>(code), "m"}).code), code);
+  }
+  ExpectRefused(Encode(Message(ErrorMsg{static_cast<ErrorKind>(0), "m"})), "malformed error message: unknown code 0");
+  ExpectRefused(Encode(Message(ErrorMsg{static_cast<ErrorKind>(8), "m"})), "unknown code 8");
+  ExpectRefused(Encode(Message(ErrorMsg{static_cast<ErrorKind>(0xffff), "m"})), "unknown code 65535");
+  // The busy code's bytes, as members of older builds send and read them.
+  EXPECT_EQ(Hex(Encode(Message(ErrorMsg{ErrorKind::kBusy, ""}))), "e5ffffff05000000");
 }
 
 TEST(Wire, RefusesPeersWithoutAWellFormedPublicKey) {
@@ -556,7 +570,7 @@ TEST(Wire, MutatedFramesNeverCrashTheDecoder) {
       Encode(Message(MakeAssignment())),
       Encode(Message(MakeActivation(2, 8))),
       Encode(Message(Hello{kProtocolVersion, 1, 1.0, 2, 3, "scalar", "id", "n"})),
-      Encode(Message(ErrorMsg{1, "x"})),
+      Encode(Message(ErrorMsg{ErrorKind::kProtocol, "x"})),
       Encode(Message(Done{1, FinishReason::kStop})),
       Encode(Message(Progress{1, 1, 2, 3})),
       Encode(Message(StageStats{1, 1, 2, 0.5})),
