@@ -41,9 +41,9 @@ enum class Tag : int32_t {
 // two-term narrow activations): members of different arithmetic would disagree on every
 // activation, so they must not share a ring. 4: BLAKE2b audit digests, hop receipts.
 inline constexpr uint16_t kProtocolVersion = 5;
-inline constexpr size_t kMaxString = 1024;          // any string field
+inline constexpr size_t kMaxString = 1024;  // any string field
 inline constexpr size_t kMaxStages = 256;
-inline constexpr size_t kMaxFrameBytes = 256u << 20; // an activation of a long prefill chunk fits
+inline constexpr size_t kMaxFrameBytes = 256u << 20;  // an activation of a long prefill chunk fits
 // Activation `next` field: the index of the stage to run, or RETURN (the head's return leg).
 inline constexpr int32_t kNextReturn = -1;
 
@@ -54,6 +54,7 @@ enum Capability : uint32_t {
 };
 
 struct Hello {
+  static constexpr Tag kTag = Tag::kHello;
   uint16_t protocol_version = kProtocolVersion;
   uint32_t capabilities = kCapCompute;
   double gemms_per_s = 0;
@@ -62,22 +63,25 @@ struct Hello {
   std::string backend;
   std::string device_id;
   std::string name;
+  bool operator==(const Hello&) const = default;
 };
 
 struct StageEntry {
   std::string device_id;
-  std::string address;   // the stage's inbox ("tcp://host:port"): stage links are direct
+  std::string address;  // the stage's inbox ("tcp://host:port"): stage links are direct
   int32_t first = 0;
   int32_t end = 0;
+  bool operator==(const StageEntry&) const = default;
 };
 
 struct Assignment {
-  uint32_t turn = 0;           // which planning round this belongs to
-  std::string model_id;        // "owner/name" or a local path id
-  std::string revision;        // pinned commit
-  uint64_t spec_hash = 0;      // hash of the normalized ModelSpec the head derived
-  uint32_t model_hash = 0;     // what activations of this model carry
-  int32_t ctx = 0;             // context length of the KV caches
+  static constexpr Tag kTag = Tag::kAssignment;
+  uint32_t turn = 0;               // which planning round this belongs to
+  std::string model_id;            // "owner/name" or a local path id
+  std::string revision;            // pinned commit
+  uint64_t spec_hash = 0;          // hash of the normalized ModelSpec the head derived
+  uint32_t model_hash = 0;         // what activations of this model carry
+  int32_t ctx = 0;                 // context length of the KV caches
   std::vector<StageEntry> stages;  // the whole plan, head first (never weights)
   int32_t your_stage = 0;
   // Prefix cache: the stage keeps one KV cache per cache_key (a conversation). It keeps the
@@ -88,48 +92,59 @@ struct Assignment {
   uint64_t keep_tag = 0;
   // Stage audit: the stage keeps this turn's inputs and sends a hop_digest per hop.
   bool audit = false;
+  bool operator==(const Assignment&) const = default;
 };
 // The RETURN leg goes to stages[0].address with next = kNextReturn.
 
 struct Ready {
+  static constexpr Tag kTag = Tag::kReady;
   int32_t stage = 0;
   uint64_t bytes_held = 0;
-  int32_t kept = 0;  // positions of the assignment's cache it kept (0 or keep)
+  int32_t kept = 0;       // positions of the assignment's cache it kept (0 or keep)
   uint64_t peak_rss = 0;  // the device's peak resident set so far (VmHWM), bytes; 0: unknown
+  bool operator==(const Ready&) const = default;
 };
 
 // Header [i32 tag][i32 seq][i32 token_index][i32 next][u32 act_hash][u32 model_hash], then
 // n_tokens x hidden f32 values. token_index is the position of the first row.
 struct Activation {
+  static constexpr Tag kTag = Tag::kActivation;
   int32_t seq = 0;
   int32_t token_index = 0;
   int32_t next = 0;
-  uint32_t act_hash = 0;     // ActHash(values): "did the payload arrive intact"
-  uint32_t model_hash = 0;   // "is this the model I hold a slice of"
+  uint32_t act_hash = 0;    // ActHash(values): "did the payload arrive intact"
+  uint32_t model_hash = 0;  // "is this the model I hold a slice of"
   std::vector<float> values;
+  bool operator==(const Activation&) const = default;
 };
 
 struct Token {
+  static constexpr Tag kTag = Tag::kToken;
   int32_t seq = 0;
   int32_t position = 0;
   int32_t token_id = 0;
+  bool operator==(const Token&) const = default;
 };
 
 enum class FinishReason : uint8_t { kStop = 0, kLength = 1, kCancelled = 2, kError = 3 };
 struct Done {
+  static constexpr Tag kTag = Tag::kDone;
   int32_t seq = 0;
   FinishReason reason = FinishReason::kStop;
   // The turn's cache now holds `cached` positions whose ids hash to cache_tag: the stage
   // files it under the assignment's cache_key for the conversation's next turn.
   int32_t cached = 0;
   uint64_t cache_tag = 0;
+  bool operator==(const Done&) const = default;
 };
 // Stage -> head while it fetches its layers (a few per second at most).
 struct Progress {
+  static constexpr Tag kTag = Tag::kProgress;
   uint32_t turn = 0;
   int32_t stage = 0;
   uint64_t bytes_done = 0;
   uint64_t bytes_total = 0;
+  bool operator==(const Progress&) const = default;
 };
 // A BLAKE2b-256 digest (RowsDigest) or MAC (ReceiptMac): evidence, not an accident check.
 using Digest = std::array<uint8_t, 32>;
@@ -139,12 +154,14 @@ using Digest = std::array<uint8_t, 32>;
 // head (net::AuditKey). The receiver cannot forge it; it checks the digest against what it
 // received and forwards the receipt to the head in its HopDigest.
 struct HopReceipt {
+  static constexpr Tag kTag = Tag::kHopReceipt;
   int32_t seq = 0;
   int32_t stage = 0;        // the sender
   int32_t token_index = 0;  // first position of the hop
   int32_t rows = 0;
-  Digest digest{};          // RowsDigest of the rows sent
-  Digest mac{};             // ReceiptMac(key of (sender, head), model_hash, fields, digest)
+  Digest digest{};  // RowsDigest of the rows sent
+  Digest mac{};     // ReceiptMac(key of (sender, head), model_hash, fields, digest)
+  bool operator==(const HopReceipt&) const = default;
 };
 
 // Stage -> head after each hop of an audited turn: what it received and what it sent,
@@ -152,6 +169,7 @@ struct HopReceipt {
 // bytes), with the receipt its sender gave for its input (stage 1's input comes from the
 // head, which needs none: `has_receipt` is 0 there).
 struct HopDigest {
+  static constexpr Tag kTag = Tag::kHopDigest;
   int32_t seq = 0;
   int32_t stage = 0;
   int32_t token_index = 0;  // first position of the hop
@@ -159,60 +177,81 @@ struct HopDigest {
   Digest in_digest{};
   Digest out_digest{};
   bool has_receipt = false;
-  HopReceipt receipt;       // the sender's, as received
+  HopReceipt receipt;  // the sender's, as received
+  bool operator==(const HopDigest&) const = default;
 };
 // Head -> stage: "send me the inputs of your hops at positions [from, to) of this turn".
 struct AuditRequest {
+  static constexpr Tag kTag = Tag::kAuditRequest;
   int32_t seq = 0;
   int32_t from = 0;
   int32_t to = 0;
+  bool operator==(const AuditRequest&) const = default;
 };
 // Stage -> head: those inputs, rows of hidden f32 values (checked against the digests).
 struct AuditData {
+  static constexpr Tag kTag = Tag::kAuditData;
   int32_t seq = 0;
   int32_t stage = 0;
   int32_t from = 0;
   std::vector<float> values;
+  bool operator==(const AuditData&) const = default;
 };
 // Stage -> head after done: its share of the turn.
 struct StageStats {
+  static constexpr Tag kTag = Tag::kStageStats;
   int32_t seq = 0;
   int32_t stage = 0;
   int64_t hops = 0;
   double compute_seconds = 0;
   uint64_t peak_rss = 0;  // the device's peak resident set through the turn (VmHWM), bytes; 0: unknown
+  bool operator==(const StageStats&) const = default;
 };
 
 struct Heartbeat {
+  static constexpr Tag kTag = Tag::kHeartbeat;
   uint64_t millis = 0;
   std::string device_id;
+  bool operator==(const Heartbeat&) const = default;
 };
 
-// ErrorMsg codes. The head acts on busy, assignment and next-unreachable; the others are
-// reported as they are.
-inline constexpr uint16_t kErrProtocol = 1;         // the rendezvous: protocol version mismatch
-inline constexpr uint16_t kErrFrame = 2;            // a frame from the head or upstream did not decode
-inline constexpr uint16_t kErrAssignment = 3;       // the assignment was refused (the reason follows)
-inline constexpr uint16_t kErrHop = 4;              // a hop was refused or failed on this stage
-inline constexpr uint16_t kErrBusy = 5;             // serving another head's turn: ask again later
-inline constexpr uint16_t kErrAudit = 6;            // an audit request could not be answered
-inline constexpr uint16_t kErrNextUnreachable = 7;  // the hop ran, but the next stage could not be reached
+// What an ErrorMsg reports. The head acts on busy, assignment, audit and next-unreachable;
+// the others are reported as they are. A code keeps its number forever (kProtocol above
+// all: it is the one error a member of another protocol version receives). Every member of
+// a ring speaks the same protocol version (the rendezvous refuses others), so a code this
+// build does not know is a malformed frame: a new code goes at the end, with a new protocol
+// version.
+enum class ErrorKind : uint16_t {
+  kProtocol = 1,         // the rendezvous: protocol version mismatch
+  kFrame = 2,            // a frame from the head or upstream did not decode
+  kAssignment = 3,       // the assignment was refused (the reason follows)
+  kHop = 4,              // a hop was refused or failed on this stage
+  kBusy = 5,             // serving another head's turn: ask again later
+  kAudit = 6,            // an audit request could not be answered
+  kNextUnreachable = 7,  // the hop ran, but the next stage could not be reached
+};
 
 struct ErrorMsg {
-  uint16_t code = 0;
+  static constexpr Tag kTag = Tag::kError;
+  ErrorKind code = ErrorKind::kHop;  // there is no code 0 on the wire
   std::string message;
+  bool operator==(const ErrorMsg&) const = default;
 };
 
 struct Bye {
+  static constexpr Tag kTag = Tag::kBye;
   std::string device_id;
+  bool operator==(const Bye&) const = default;
 };
 
 // Device -> rendezvous: "put me in this room". Carries the hello (capacity, probe, ...)
 // and the device's inbox address; never a prompt, a token or an activation.
 struct Join {
+  static constexpr Tag kTag = Tag::kJoin;
   std::string room;
   std::string address;
   Hello hello;
+  bool operator==(const Join&) const = default;
 };
 
 // Rendezvous -> device: the approved members of its room, each with the CURVE public key
@@ -222,16 +261,21 @@ struct Peer {
   std::string address;
   Hello hello;
   std::string public_key;
+  bool operator==(const Peer&) const = default;
 };
 inline constexpr size_t kPublicKeyChars = 40;
 struct Peers {
+  static constexpr Tag kTag = Tag::kPeers;
   std::string room;
   std::vector<Peer> peers;
+  bool operator==(const Peers&) const = default;
 };
 inline constexpr size_t kMaxPeers = 256;
 
-using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers, Progress,
-                             StageStats, HopDigest, AuditRequest, AuditData, HopReceipt>;
+// Each message and part compares field by field (==). Floats compare as numbers (-0 == +0):
+// where the bits matter, compare the payload bytes.
+using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers,
+                             Progress, StageStats, HopDigest, AuditRequest, AuditData, HopReceipt>;
 
 std::vector<uint8_t> Encode(const Message& message);
 // Decodes one whole frame. `hidden` is the activation row width the receiver expects (0:
