@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   act.values = {0.5f, -1.25f, 3.0f, 0.0f};
   act.act_hash = ActHash(act.values);
   const Message all[] = {h, a, Ready{1, 100, 3}, act, Token{3, 5, 42}, Done{3, FinishReason::kStop, 9, 11},
-                         Heartbeat{1000, "device-1"}, ErrorMsg{5, "busy"}, Bye{"device-1"},
+                         Heartbeat{1000, "device-1"}, ErrorMsg{ErrorKind::kBusy, "busy"}, Bye{"device-1"},
                          Join{"room", "tcp://127.0.0.1:5001", h}, Peers{"room", {Peer{"tcp://127.0.0.1:5001", h, "rq:^%7Gl8#i&GJdRjdR?VTnxbD*3A0g/VQxcqKx5"}}},
                          Progress{3, 1, 10, 20}, StageStats{3, 1, 4, 0.25}, HopDigest{3, 2, 4, 1, {}, {}, true, HopReceipt{3, 1, 4, 1, {}, {}}}, HopReceipt{3, 1, 4, 1, {}, {}},
                          AuditRequest{3, 0, 5}, AuditData{3, 1, 0, {1.0f, 2.0f, 3.0f, 4.0f}}};

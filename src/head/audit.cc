@@ -137,7 +137,7 @@ Result<wire::AuditData> StageAudit::AskInputs(int s, int32_t from, int32_t end) 
     if (auto* ad = std::get_if<wire::AuditData>(&*m);
         ad && ad->seq == seq_ && ad->stage == s && ad->from == from && room_.FromStage(plan_, s)) {
       return std::move(*ad);
-    } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m); e && e->code == wire::kErrAudit) {
+    } else if (auto* e = std::get_if<wire::ErrorMsg>(&*m); e && e->code == wire::ErrorKind::kAudit) {
       return Blame(s, from, "did not answer the audit: " + e->message);
     } else if (!Take(*m)) {
       room_.Unread(std::move(*m), room_.last_sender());

@@ -199,7 +199,7 @@ TEST_F(AuditTest, AMemberThatFloodsGarbageDisturbsNothing) {
         const int32_t seq = static_cast<int32_t>(rng() % 8);
         fake.seq = seq;
         fake.token_index = static_cast<int32_t>(rng() % 8);
-        const std::vector<wire::Message> frames = {wire::ErrorMsg{2, "rogue says the turn failed"}, wire::Done{seq, wire::FinishReason::kStop, 0, 0},
+        const std::vector<wire::Message> frames = {wire::ErrorMsg{wire::ErrorKind::kFrame, "rogue says the turn failed"}, wire::Done{seq, wire::FinishReason::kStop, 0, 0},
                                                    wire::Token{seq, 3, 7}, fake, bogus, *peers};
         if (ep.Send(p.address, junk, 50).ok()) ++sent;
         for (const auto& m : frames)

@@ -62,7 +62,7 @@ std::optional<Status> NetLink::RingBroken() {
 Status NetLink::StageFailed(const wire::ErrorMsg& e) {
   const int i = room_.StageOfSender(plan_);
   if (i >= 1) {
-    const size_t culprit = static_cast<size_t>(e.code == wire::kErrNextUnreachable ? i + 1 : i);
+    const size_t culprit = static_cast<size_t>(e.code == wire::ErrorKind::kNextUnreachable ? i + 1 : i);
     if (culprit < plan_.stages.size()) failed_device_ = plan_.stages[culprit].device_id;
   }
   return Unavailable("a stage failed: " + e.message);

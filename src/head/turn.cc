@@ -297,14 +297,14 @@ Status HeadSession::Impl::OnWhileWaiting(TurnState& t, head::ReadyWait& w, const
       t.request.on_progress({pg->stage, s.device_id, s.device_name, pg->bytes_done, pg->bytes_total});
     }
   } else if (const auto* e = std::get_if<wire::ErrorMsg>(&m)) {
-    if (e->code == wire::kErrBusy) {
+    if (e->code == wire::ErrorKind::kBusy) {
       // Another head's turn holds the ring: wait for it, asking again every second.
       if (!w.busy_since) {
         t.Say("waiting for the turn in progress (" + e->message + ")");
         w.busy_since = Clock::now();
       }
       w.last_busy = Clock::now();  // asked again a second after this answer
-    } else if (e->code == wire::kErrAssignment) {
+    } else if (e->code == wire::ErrorKind::kAssignment) {
       return InvalidArgument("a stage refused its assignment: " + e->message);
     } else {
       // A late word about an earlier attempt's hop: not about this assignment.

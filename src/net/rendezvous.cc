@@ -174,7 +174,7 @@ struct Rendezvous::Impl {
         LogWarning("rendezvous: refused " + j->hello.name + ": protocol version " + std::to_string(j->hello.protocol_version) +
                    ", this build speaks " + std::to_string(wire::kProtocolVersion));
         endpoint->SetPeerKey(j->address, key);
-        (void)endpoint->Send(j->address, wire::Message(wire::ErrorMsg{wire::kErrProtocol, "protocol version mismatch"}), 500);
+        (void)endpoint->Send(j->address, wire::Message(wire::ErrorMsg{wire::ErrorKind::kProtocol, "protocol version mismatch"}), 500);
         return;
       }
       auto it = members.find(j->hello.device_id);

@@ -118,7 +118,7 @@ class Node {
     if (!in.message.ok()) {  // only the head's or upstream's get here (Receive's `expects`)
       LogWarning("node: refused a frame: " + in.message.status().message());
       (void)member_->Send(head_address_,
-                          wire::Message(wire::ErrorMsg{wire::kErrFrame, name_ + " refused a frame: " + in.message.status().message()}),
+                          wire::Message(wire::ErrorMsg{wire::ErrorKind::kFrame, name_ + " refused a frame: " + in.message.status().message()}),
                           500);
       return;
     }
@@ -180,7 +180,7 @@ class Node {
     // One turn owns the ring: another head's assignment waits until this turn is done.
     if (!busy_head_.empty() && busy_head_ != a.stages[0].device_id) {
       (void)member_->Send(a.stages[0].address,
-                      wire::Message(wire::ErrorMsg{wire::kErrBusy, "busy: " + name_ + " is serving another head's turn"}), 1000);
+                      wire::Message(wire::ErrorMsg{wire::ErrorKind::kBusy, "busy: " + name_ + " is serving another head's turn"}), 1000);
       return;
     }
     // The sender becomes this device's head only once its assignment is accepted.
@@ -190,7 +190,7 @@ class Node {
     Status st = Assign(a);
     if (!st.ok()) {
       std::fprintf(stderr, "node %s: assignment refused: %s\n", name_.c_str(), Redact(st.message()).c_str());
-      (void)member_->Send(a.stages[0].address, wire::Message(wire::ErrorMsg{wire::kErrAssignment, name_ + ": " + Redact(st.message())}), 1000);
+      (void)member_->Send(a.stages[0].address, wire::Message(wire::ErrorMsg{wire::ErrorKind::kAssignment, name_ + ": " + Redact(st.message())}), 1000);
       head_id_ = old_id;
       head_address_ = old_address;
       head_key_ = old_key;
@@ -339,7 +339,7 @@ class Node {
   }
 
   void On(wire::Activation& a) {
-    auto refuse = [&](const std::string& why, uint16_t code = wire::kErrHop) {
+    auto refuse = [&](const std::string& why, wire::ErrorKind code = wire::ErrorKind::kHop) {
       LogWarning("node " + name_ + ": refused a hop: " + why);
       if (!head_address_.empty()) (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{code, name_ + " refused a hop: " + why}), 300);
     };
@@ -401,7 +401,7 @@ class Node {
     auto out = EncodeHop(plan_, stage_, a.seq, slice_.model_hash, std::move(h));
     if (!out.ok()) return refuse(out.status().message());
     Status sent = member_->Send(out->address, wire::Message(std::move(out->activation)), 1500);
-    if (!sent.ok()) refuse("could not pass the activation on: " + sent.message(), wire::kErrNextUnreachable);
+    if (!sent.ok()) refuse("could not pass the activation on: " + sent.message(), wire::ErrorKind::kNextUnreachable);
   }
 
   void On(wire::Token& t) {
@@ -447,7 +447,7 @@ class Node {
   void On(wire::Join&) {}
   void On(wire::AuditRequest& q) {
     auto refuse = [&](const std::string& why) {
-      (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{wire::kErrAudit, name_ + " cannot answer an audit: " + why}), 500);
+      (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{wire::ErrorKind::kAudit, name_ + " cannot answer an audit: " + why}), 500);
     };
     if (!audit_ || q.seq != seq_ || !slice_.info) return refuse("no audited turn " + std::to_string(q.seq));
     const int hidden = slice_.info->spec.hidden;

@@ -26,9 +26,9 @@ Plan PlanFromWire(const std::vector<wire::StageEntry>& stages) {
   return plan;
 }
 
-// The variant's order follows the tags' (wire::Tag: kHello = -20, then one less each).
 std::string_view MessageName(const wire::Message& message) {
-  return wire::TagName(static_cast<int32_t>(wire::Tag::kHello) - static_cast<int32_t>(message.index()));
+  return std::visit([](const auto& m) { return wire::TagName(static_cast<int32_t>(std::decay_t<decltype(m)>::kTag)); },
+                    message);
 }
 
 int32_t WireNext(const Hop& hop) { return hop.to_return ? wire::kNextReturn : hop.stage; }
