@@ -36,7 +36,7 @@ struct ServerOptions {
   // The real client address of a connection the port mux relays, by the loopback port the
   // server sees it from ("" when unknown): join requests are rate-limited per source.
   std::function<std::string(int remote_port)> source_of;
-  int default_stages = 0;                 // split when a request names none (0: automatic)
+  int default_stages = 0;  // split when a request names none (0: automatic)
   // Access (docs/HTTP.md, "Access"). The host's UI (/, /api/* but the join endpoints) needs
   // this secret, in the cookie that GET /?token=SECRET sets; "": one is made at start
   // (admin_secret() says which).
