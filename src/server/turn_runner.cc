@@ -24,37 +24,39 @@ struct EndTurn {
 };
 
 // Per-turn state shared by the callbacks (they may run on the session's threads).
-struct TextState {
+struct TurnState {
   std::mutex mu;
-  const Tokenizer& tokenizer;
-  std::vector<int32_t> prompt;
-  std::vector<std::string> stops;
-  std::optional<TextStream> stream_box;
-  std::optional<StopMatcher> matcher_box;
-  std::vector<int32_t> ids;  // the tokens shown so far
-  int tokens = 0;
+  TurnText text;
   std::atomic<bool> stop{false};
-  TextStream& stream() { return *stream_box; }
-  StopMatcher& matcher() { return *matcher_box; }
-  TextState(const Tokenizer& t, std::vector<int32_t> ctx, std::vector<std::string> s)
-      : tokenizer(t), prompt(std::move(ctx)), stops(std::move(s)) {
-    Restart();
-  }
-  void Restart() {
-    stream_box.emplace(tokenizer, prompt);
-    matcher_box.emplace(stops);
-  }
-  // An audit withdrew the tokens after the first `kept`: the text is rebuilt from those.
-  std::string Retract(size_t kept) {
-    ids.resize(std::min(ids.size(), kept));
-    Restart();
-    for (int32_t id : ids) matcher().Add(stream().Add(id));
-    tokens = static_cast<int>(ids.size());
-    return matcher().text();
-  }
+  explicit TurnState(std::vector<std::string> stops) : text(std::move(stops)) {}
 };
 
 }  // namespace
+
+std::optional<std::string> TurnText::Add(std::string_view piece) {
+  if (matcher_.stopped()) return std::nullopt;
+  pieces_.emplace_back(piece);
+  return matcher_.Add(piece);
+}
+
+void TurnText::HoldBack(std::string_view text) {
+  held_back_ += text;
+}
+
+std::string TurnText::Retract(size_t kept) {
+  pieces_.resize(std::min(pieces_.size(), kept));
+  held_back_.clear();
+  matcher_ = StopMatcher(stops_);
+  for (const auto& piece : pieces_) matcher_.Add(piece);
+  return matcher_.text();
+}
+
+std::string TurnText::Finish() {
+  if (matcher_.stopped()) return "";
+  std::string tail = matcher_.Add(held_back_);
+  held_back_.clear();
+  return tail + matcher_.Finish();
+}
 
 TurnRunner::TurnRunner(HeadSession& session, TurnQueue& turns, ModelExtras& extras, EventHub& hub,
                        std::function<void()> on_change)
@@ -141,7 +143,7 @@ TurnOutcome TurnRunner::Run(TurnSpec spec, const TurnHooks& hooks) {
   std::shared_ptr<JsonTable> table;
   if (spec.json) table = extras_.JsonTableFor(*spec.tokenizer);
 
-  auto st = std::make_shared<TextState>(*spec.tokenizer, spec.prompt_ids, spec.stops);
+  auto st = std::make_shared<TurnState>(spec.stops);
   TurnRequest req;
   req.prompt_ids = spec.prompt_ids;
   req.generate = spec.generate;
@@ -161,25 +163,23 @@ TurnOutcome TurnRunner::Run(TurnSpec spec, const TurnHooks& hooks) {
     if (json) InstallJsonMode(g, table);
   };
   auto on_text = hooks.on_text;
-  req.on_token = [st, on_text](int32_t id, std::string_view) {
-    if (id < 0) return;  // the session's own held-back text: this turn keeps its own stream
-    std::string shown;
+  req.on_token = [st, on_text](int32_t id, std::string_view text) {
+    std::optional<std::string> shown;
     {
       std::lock_guard<std::mutex> lock(st->mu);
-      if (st->matcher().stopped()) return;
-      ++st->tokens;
-      st->ids.push_back(id);
-      shown = st->matcher().Add(st->stream().Add(id));
-      if (st->matcher().stopped()) st->stop.store(true);
+      if (id < 0) return st->text.HoldBack(text);
+      shown = st->text.Add(text);
+      if (!shown) return;
+      if (st->text.stopped()) st->stop.store(true);
     }
-    if (on_text) on_text(id, shown);
+    if (on_text) on_text(id, *shown);
   };
   auto on_retract = hooks.on_retract;
   req.on_retract = [st, on_retract](size_t kept) {
     std::string text;
     {
       std::lock_guard<std::mutex> lock(st->mu);
-      text = st->Retract(kept);
+      text = st->text.Retract(kept);
     }
     if (on_retract) on_retract(kept, text);
   };
@@ -205,7 +205,7 @@ TurnOutcome TurnRunner::Run(TurnSpec spec, const TurnHooks& hooks) {
     int shown;
     {
       std::lock_guard<std::mutex> lock(st->mu);
-      shown = st->tokens;
+      shown = st->text.tokens();
     }
     const std::string line = "turn stopped by the client after " + std::to_string(shown) + " token" +
                              (shown == 1 ? "" : "s") + "; the ring is free";
@@ -213,14 +213,11 @@ TurnOutcome TurnRunner::Run(TurnSpec spec, const TurnHooks& hooks) {
     hub_.Broadcast(SseEvent("status", Json{{"line", line}}));
   }
   std::lock_guard<std::mutex> lock(st->mu);
-  if (!st->matcher().stopped()) {
-    std::string tail = st->matcher().Add(st->stream().Finish());
-    tail += st->matcher().Finish();
-    if (!tail.empty() && hooks.on_text) hooks.on_text(-1, tail);
-  }
-  out.text = st->matcher().text();
-  out.finish_reason = st->matcher().stopped() ? "stop" : out.report.finish_reason;
-  out.completion_tokens = st->tokens;
+  const std::string tail = st->text.Finish();
+  if (!tail.empty() && hooks.on_text) hooks.on_text(-1, tail);
+  out.text = st->text.text();
+  out.finish_reason = st->text.stopped() ? "stop" : out.report.finish_reason;
+  out.completion_tokens = st->text.tokens();
   return out;
 }
 
