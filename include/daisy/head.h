@@ -26,6 +26,7 @@
 #include "daisy/net.h"
 #include "daisy/plan.h"
 #include "daisy/tokenizer.h"
+#include "daisy/turn_queue.h"
 #include "daisy/wire.h"
 #include "daisy/status.h"
 
@@ -173,8 +174,10 @@ struct TurnRequest {
   std::function<void(size_t kept)> on_retract;
 };
 
-// The long-lived head. Thread-safe: turns run one at a time (Generate blocks until the
-// turn before it is done); the room is kept (heartbeats, peers) between turns.
+// The long-lived head. Thread-safe: turns run one at a time, in the order of their tickets
+// in turns() (Load, Generate and ClearCache take one and wait for the turns before them,
+// unless the caller passes a ticket it holds); the room is kept (heartbeats, peers)
+// between turns.
 class HeadSession {
  public:
   static Result<std::unique_ptr<HeadSession>> Start(const SessionOptions& options);
@@ -185,9 +188,14 @@ class HeadSession {
   const std::string& device_id() const;
   // The approved members of the room, as the rendezvous last said.
   std::vector<wire::Peer> Peers() const;
+  // The line of turns on this head's ring. A caller that orders its own requests on it
+  // (serve's server: positions, leaving the line) passes the ticket it holds below, so its
+  // turn is not queued a second time.
+  TurnQueue& turns();
   // Reads config, tokenizer and headers of SRC (no weights) and makes it the session's
-  // model. ctx 0: DefaultContext. Waits for a running turn.
+  // model. ctx 0: DefaultContext. Waits for a running turn, or runs in `turn`.
   Result<ModelView> Load(const std::string& source, int ctx = 0);
+  Result<ModelView> Load(const TurnQueue::Ticket& turn, const std::string& source, int ctx = 0);
   std::optional<ModelView> model() const;
   // The loaded tokenizer; nullptr before Load. Stays valid while the caller holds it.
   std::shared_ptr<const Tokenizer> tokenizer() const;
@@ -197,6 +205,7 @@ class HeadSession {
   // One turn: plan, assign, ready, prefill (reusing the longest cached prefix), decode,
   // done; replays once without a stage that fails; verifies when asked.
   Result<HeadReport> Generate(const TurnRequest& request);
+  Result<HeadReport> Generate(const TurnQueue::Ticket& turn, const TurnRequest& request);
   // Forgets every cached conversation (here and, at the next turn, on the stages).
   void ClearCache();
 

@@ -2,8 +2,8 @@
 // /api/events stream, approve, load, generate), the OpenAI-compatible API (/v1/models,
 // /v1/completions, /v1/chat/completions) and /apply-template. docs/HTTP.md is the contract.
 //
-// One turn owns the ring: requests are tokenized at once, then wait in a FIFO queue for
-// the ring (HeadSession::Generate serializes turns too); UI streams see their position. A
+// One turn owns the ring: requests are tokenized at once, then wait in the head's line of
+// turns (HeadSession::turns(), FIFO) for the ring; UI streams see their position. A
 // client that goes away ends its stream, and a turn it was waiting for stops at the next
 // token. Thread-safe: httplib serves each connection on a thread of its own.
 #pragma once
@@ -36,7 +36,7 @@ struct ServerOptions {
   // The real client address of a connection the port mux relays, by the loopback port the
   // server sees it from ("" when unknown): join requests are rate-limited per source.
   std::function<std::string(int remote_port)> source_of;
-  int default_stages = 0;                 // split when a request names none (0: automatic)
+  int default_stages = 0;  // split when a request names none (0: automatic)
   // Access (docs/HTTP.md, "Access"). The host's UI (/, /api/* but the join endpoints) needs
   // this secret, in the cookie that GET /?token=SECRET sets; "": one is made at start
   // (admin_secret() says which).

@@ -34,23 +34,15 @@ HeadSession::Impl::~Impl() {
 
 void HeadSession::Impl::IdleLoop() {
   while (!stopping.load()) {
-    if (waiting.load() > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      continue;
-    }
-    std::unique_lock<std::mutex> lock(turn_mu);
-    (void)room->Poll(50, 0);  // stale replies of a finished turn are dropped here
-    lock.unlock();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    // Stale replies of a finished turn are dropped here; a turn waits for the poll to end.
+    if (turns.RunIfIdle([this] { (void)room->Poll(50, 0); }, std::chrono::milliseconds(100)))
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
-// Takes the ring: the idle thread steps aside.
-std::unique_lock<std::mutex> HeadSession::Impl::TakeTurn() {
-  waiting.fetch_add(1);
-  std::unique_lock<std::mutex> lock(turn_mu);
-  waiting.fetch_sub(1);
-  return lock;
+Status HeadSession::Impl::CheckHeld(const TurnQueue::Ticket* held) const {
+  if (held && !turns.Holds(*held)) return FailedPrecondition("Bug: a turn was passed that does not hold this head's ring");
+  return Status::Ok();
 }
 
 // The host approves this head's key (over HTTP, or in this process) before the rendezvous
@@ -97,7 +89,8 @@ Status HeadSession::Impl::WaitForDevices(int want, const std::function<void(cons
   return Status::Ok();
 }
 
-Result<ModelView> HeadSession::Impl::Load(const std::string& src, int want_ctx) {
+Result<ModelView> HeadSession::Impl::Load(const std::string& src, int want_ctx, const TurnQueue::Ticket* held) {
+  DAISY_RETURN_IF_ERROR(CheckHeld(held));
   DAISY_ASSIGN_OR_RETURN(std::unique_ptr<ModelSource> s, OpenModelSource(src, o.hub));
   DAISY_ASSIGN_OR_RETURN(ModelInfo mi, LoadModelInfo(*s));
   if (!mi.index.AllHeadersLoaded()) DAISY_RETURN_IF_ERROR(mi.index.LoadAllHeaders(*s));
@@ -112,7 +105,8 @@ Result<ModelView> HeadSession::Impl::Load(const std::string& src, int want_ctx) 
   v.parameters = mi.index.ParameterCount();
   for (const auto& t : mi.index.tensors()) v.weight_bytes += t.bytes;
   v.ctx = c;
-  auto lock = TakeTurn();
+  TurnQueue::Ticket own;
+  if (!held) own = TakeTurn();
   std::lock_guard<std::mutex> state(state_mu);
   model_hash = ModelHashOf(*s, mi.index);
   spec_hash = SpecHash(mi.spec);
@@ -269,7 +263,11 @@ Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& op
 
 const std::string& HeadSession::device_id() const { return impl_->id(); }
 std::vector<wire::Peer> HeadSession::Peers() const { return impl_->room->peers(); }
-Result<ModelView> HeadSession::Load(const std::string& source, int ctx) { return impl_->Load(source, ctx); }
+TurnQueue& HeadSession::turns() { return impl_->turns; }
+Result<ModelView> HeadSession::Load(const std::string& source, int ctx) { return impl_->Load(source, ctx, nullptr); }
+Result<ModelView> HeadSession::Load(const TurnQueue::Ticket& turn, const std::string& source, int ctx) {
+  return impl_->Load(source, ctx, &turn);
+}
 std::optional<ModelView> HeadSession::model() const {
   std::lock_guard<std::mutex> state(impl_->state_mu);
   return impl_->view;
@@ -279,7 +277,10 @@ std::shared_ptr<const Tokenizer> HeadSession::tokenizer() const {
   return impl_->tokenizer;
 }
 Result<Plan> HeadSession::PreviewPlan(std::optional<int> stages) const { return impl_->PreviewPlan(stages); }
-Result<HeadReport> HeadSession::Generate(const TurnRequest& request) { return impl_->Generate(request); }
+Result<HeadReport> HeadSession::Generate(const TurnRequest& request) { return impl_->Generate(request, nullptr); }
+Result<HeadReport> HeadSession::Generate(const TurnQueue::Ticket& turn, const TurnRequest& request) {
+  return impl_->Generate(request, &turn);
+}
 void HeadSession::ClearCache() {
   auto lock = impl_->TakeTurn();
   impl_->slots.clear();

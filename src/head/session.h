@@ -20,6 +20,7 @@
 #include "daisy/plan.h"
 #include "daisy/ring.h"
 #include "daisy/tokenizer.h"
+#include "daisy/turn_queue.h"
 #include "link.h"
 #include "room.h"
 #include "verify.h"
@@ -78,13 +79,13 @@ struct HeadSession::Impl {
   std::unique_ptr<RoomMember> member;  // keys, inbox, hello, heartbeats, the room's list
   std::unique_ptr<head::HeadRoom> room;
 
-  // One turn at a time owns the inbox; the idle thread keeps the room between turns.
-  std::mutex turn_mu;
-  std::atomic<int> waiting{0};
+  // One turn at a time owns the inbox, in the order of its tickets (a server orders its
+  // requests on this queue too); the idle thread keeps the room between turns.
+  TurnQueue turns;
   std::atomic<bool> stopping{false};
   std::thread idle;
 
-  // The model (guarded by state_mu for readers; replaced only under turn_mu too).
+  // The model (guarded by state_mu for readers; replaced only while holding a turn too).
   mutable std::mutex state_mu;
   std::unique_ptr<ModelSource> source;
   std::shared_ptr<const ModelInfo> info;
@@ -94,7 +95,7 @@ struct HeadSession::Impl {
   uint32_t model_hash = 0;
   uint64_t spec_hash = 0;
 
-  // Turn state (under turn_mu).
+  // Turn state (only while holding a turn).
   std::unique_ptr<StageWeights> head_weights;
   std::unique_ptr<LocalPipeline> verify_pipeline;
   std::vector<head::HeadSlot> slots;
@@ -112,10 +113,14 @@ struct HeadSession::Impl {
 
   // ---- session.cc: the room, the model, previews ----
   void IdleLoop();
-  std::unique_lock<std::mutex> TakeTurn();
+  // Takes the ring, after every ticket taken before: the idle thread steps aside.
+  TurnQueue::Ticket TakeTurn() { return turns.Take(); }
+  // A turn the caller says it holds must be one of this head's queue.
+  Status CheckHeld(const TurnQueue::Ticket* held) const;
   Status JoinRoom();
   Status WaitForDevices(int want, const std::function<void(const std::string&)>& say);
-  Result<ModelView> Load(const std::string& src, int want_ctx);
+  // `held`: the caller's turn; nullptr: one is taken here.
+  Result<ModelView> Load(const std::string& src, int want_ctx, const TurnQueue::Ticket* held);
   // The plan over the devices in the room now; the head first. A verified turn keeps room
   // on the head for a stage-by-stage Verify.
   Result<Plan> PlanNow(int attempt, std::optional<int> stages_wanted, bool verify = false) const;
@@ -126,7 +131,7 @@ struct HeadSession::Impl {
   uint64_t HeldNow() const;
 
   // ---- turn.cc: a turn, phase by phase ----
-  Result<HeadReport> Generate(const TurnRequest& r);
+  Result<HeadReport> Generate(const TurnRequest& r, const TurnQueue::Ticket* held);
   Status Turn(head::TurnState& t, GenerateOptions gen);
   Status PlanTurn(head::TurnState& t);
   wire::Assignment AssignmentFor(const head::TurnState& t, size_t stage) const;

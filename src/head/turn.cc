@@ -44,8 +44,11 @@ std::string StageName(const Plan& p, size_t i) { return p.stages[i].device_name 
 
 }  // namespace
 
-Result<HeadReport> HeadSession::Impl::Generate(const TurnRequest& r) {
-  auto lock = TakeTurn();
+// `held`: the caller's turn; nullptr: one is taken here.
+Result<HeadReport> HeadSession::Impl::Generate(const TurnRequest& r, const TurnQueue::Ticket* held) {
+  DAISY_RETURN_IF_ERROR(CheckHeld(held));
+  TurnQueue::Ticket own;
+  if (!held) own = TakeTurn();
   if (!info) return FailedPrecondition("no model is loaded");
   if (r.prompt_ids.empty()) return InvalidArgument("the prompt has no tokens");
   auto say = [&](const std::string& line) {

@@ -155,7 +155,8 @@ std::string NewSecret() {
 std::string AdminCookie(const std::string& host_header, const std::string& secret) {
   std::string port;
   const size_t colon = host_header.rfind(':');
-  if (colon != std::string::npos && host_header.find(']', colon) == std::string::npos) port = host_header.substr(colon + 1);
+  if (colon != std::string::npos && host_header.find(']', colon) == std::string::npos)
+    port = host_header.substr(colon + 1);
   if (!std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); })) port.clear();
   return "daisy_admin" + (port.empty() ? "" : "_" + port) + "=" + secret + "; Path=/; HttpOnly; SameSite=Strict";
 }

@@ -27,8 +27,8 @@ struct AccessPolicy {
 };
 
 struct AccessRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // without the query
+  std::string method;                 // "GET", "POST", ...
+  std::string path;                   // without the query
   std::optional<std::string> host;    // the Host header
   std::optional<std::string> origin;  // the Origin header
   std::string content_type;

@@ -54,7 +54,8 @@ TEST(ServeAccess, TheUiWithTheSecretIsAllowedFromAnyAddress) {
 
 TEST(ServeAccess, ARequestWithoutTheSecretIsRefused) {
   for (const char* path : {"/api/approve", "/api/load", "/api/generate", "/api/state", "/api/events"}) {
-    for (const std::string& cookie : std::vector<std::string>{"", "daisy_admin=wrong", "daisy_admin_8788=" + kSecret + "x", "x_daisy_admin=" + kSecret}) {
+    for (const std::string& cookie : std::vector<std::string>{
+             "", "daisy_admin=wrong", "daisy_admin_8788=" + kSecret + "x", "x_daisy_admin=" + kSecret}) {
       AccessRequest r = UiPost(path);
       r.cookie = cookie;
       auto e = CheckAccess(Policy(), r);
@@ -105,8 +106,8 @@ TEST(ServeAccess, ACrossOriginFormPostIsRefused) {
 
 // DNS rebinding: evil.example now resolves to this server; the browser says Host: evil.example.
 TEST(ServeAccess, AForgedHostIsRefused) {
-  for (const char* host : {"evil.example:8788", "evil.example", "127.0.0.1.evil.example:8788", "", "[::1", "a:b:c",
-                           "127.0.0.1:88x"}) {
+  for (const char* host :
+       {"evil.example:8788", "evil.example", "127.0.0.1.evil.example:8788", "", "[::1", "a:b:c", "127.0.0.1:88x"}) {
     AccessRequest r = UiPost("/api/approve");
     r.host = host;
     r.origin = "http://" + std::string(host);

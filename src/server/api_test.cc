@@ -58,7 +58,8 @@ TEST(ParseCompletion, ReadsEveryFieldWithOpenAIDefaults) {
 
 TEST(ParseCompletion, ChatFlattensTextPartsAndTakesMaxCompletionTokens) {
   auto r = ParseOk(R"({"messages": [{"role": "system", "content": "Be brief."},
-                                    {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}],
+                                    {"role": "user", "content": [{"type": "text", "text": "Hel"},
+                                                                 {"type": "text", "text": "lo"}]}],
                        "max_completion_tokens": 5})",
                    /*chat=*/true);
   ASSERT_EQ(r.messages.size(), 2u);

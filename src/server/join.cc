@@ -29,14 +29,19 @@ void SendError(httplib::Response& res, int status, const std::string& message, c
 void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rv, std::string room_hint, SourceOf source_of) {
   http.Get("/api/key", [rv, room_hint](const httplib::Request&, httplib::Response& res) {
     if (!rv) return SendError(res, 503, "this server runs no rendezvous", "", "server_error");
-    Send(res, 200, Json{{"public_key", rv->public_key()}, {"fingerprint", net::Fingerprint(rv->public_key())}, {"room", room_hint}});
+    Send(res, 200,
+         Json{{"public_key", rv->public_key()},
+              {"fingerprint", net::Fingerprint(rv->public_key())},
+              {"room", room_hint}});
   });
   http.Post("/api/join", [rv, source_of](const httplib::Request& req, httplib::Response& res) {
     if (!rv) return SendError(res, 503, "this server runs no rendezvous", "", "server_error");
     Json j = Json::parse(req.body, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return SendError(res, 400, "the body must be {\"room\", \"public_key\", \"name\"}");
+    if (j.is_discarded() || !j.is_object())
+      return SendError(res, 400, "the body must be {\"room\", \"public_key\", \"name\"}");
     for (const char* field : {"room", "public_key"})
-      if (!j.contains(field) || !j[field].is_string()) return SendError(res, 400, std::string(field) + " must be a string", field);
+      if (!j.contains(field) || !j[field].is_string())
+        return SendError(res, 400, std::string(field) + " must be a string", field);
     if (j.contains("name") && !j["name"].is_string()) return SendError(res, 400, "name must be a string", "name");
     net::JoinRequest q;
     q.room = j["room"];

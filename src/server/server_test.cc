@@ -1,6 +1,8 @@
 // The Server of `serve` in this process, on 127.0.0.1, under abuse (issue 11): event
 // streams and slow clients must not starve the API; a FIFO in a model folder must not hang
 // a load. Raw sockets play the abusive clients; every wait is bounded.
+#include "daisy/server.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -24,7 +26,6 @@
 
 #include "daisy/head.h"
 #include "daisy/net.h"
-#include "daisy/server.h"
 
 namespace daisy {
 namespace {
@@ -154,7 +155,8 @@ class ServerAbuse : public ::testing::Test {
   // Opens GET /api/events from `source` and reads its answer; the connection stays open.
   Answer OpenEvents(const std::string& source, int* fd_out = nullptr) {
     int fd = Open(source);
-    if (fd < 0 || !SendAll(fd, "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: daisy_admin=" + kSecret + "\r\n\r\n"))
+    if (fd < 0 ||
+        !SendAll(fd, "GET /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: daisy_admin=" + kSecret + "\r\n\r\n"))
       return {};
     if (fd_out) *fd_out = fd;
     return ReadAnswer(fd, 5000ms);
@@ -308,32 +310,38 @@ TEST_F(ServerAbuse, OnlyTheHostApprovesAndStrangersAreRefused) {
   };
   const std::string cookie = "Cookie: daisy_admin=" + kSecret + "\r\n";
   // A page of another site posts a form (even were the cookie sent along, as SameSite=Lax would).
-  EXPECT_EQ(raw("", "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
-                        "\r\nOrigin: http://evil.example\r\nContent-Type: application/x-www-form-urlencoded\r\n" + cookie,
+  EXPECT_EQ(raw("",
+                "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                    "\r\nOrigin: http://evil.example\r\nContent-Type: application/x-www-form-urlencoded\r\n" + cookie,
                 "id=" + fpr),
             415);
-  EXPECT_EQ(raw("", "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
-                        "\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\n" + cookie,
+  EXPECT_EQ(raw("",
+                "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                    "\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\n" + cookie,
                 body),
             415);
-  EXPECT_EQ(raw("", "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
-                        "\r\nOrigin: http://evil.example\r\nContent-Type: application/json\r\n" + cookie,
+  EXPECT_EQ(raw("",
+                "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                    "\r\nOrigin: http://evil.example\r\nContent-Type: application/json\r\n" + cookie,
                 body),
             403);
   // Without the secret: from here, and from another address (serve --host on a LAN).
   for (const char* from : {"", "192.168.1.77"}) {
-    EXPECT_EQ(raw(from, "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\nContent-Type: application/json\r\n",
-                  body),
-              401)
+    EXPECT_EQ(
+        raw(from, "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\nContent-Type: application/json\r\n",
+            body),
+        401)
         << from;
-    EXPECT_EQ(raw(from, "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
-                            "\r\nContent-Type: application/json\r\nCookie: daisy_admin=" + std::string(64, '0') + "\r\n",
+    EXPECT_EQ(raw(from,
+                  "POST /api/approve HTTP/1.1\r\nHost: 127.0.0.1:" + port +
+                      "\r\nContent-Type: application/json\r\nCookie: daisy_admin=" + std::string(64, '0') + "\r\n",
                   body),
               401)
         << from;
     EXPECT_EQ(raw(from, "GET /api/state HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""), 401) << from;
     EXPECT_EQ(raw(from, "GET / HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""), 401) << from;
-    EXPECT_EQ(raw(from, "GET /?token=" + std::string(64, '0') + " HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""), 403)
+    EXPECT_EQ(raw(from, "GET /?token=" + std::string(64, '0') + " HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""),
+              403)
         << from;
   }
   // /api/load says nothing about the host's folders to a stranger: one answer for a folder
@@ -352,8 +360,9 @@ TEST_F(ServerAbuse, OnlyTheHostApprovesAndStrangersAreRefused) {
             403);
   EXPECT_EQ(raw("192.168.1.77", "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\n", ""), 403);
   // DNS rebinding: evil.example resolves here; the browser names it in Host.
-  EXPECT_EQ(raw("", "POST /api/approve HTTP/1.1\r\nHost: evil.example:" + port + "\r\nContent-Type: application/json\r\n" +
-                        cookie,
+  EXPECT_EQ(raw("",
+                "POST /api/approve HTTP/1.1\r\nHost: evil.example:" + port + "\r\nContent-Type: application/json\r\n" +
+                    cookie,
                 body),
             403);
   EXPECT_EQ(raw("", "GET /v1/models HTTP/1.1\r\nHost: evil.example:" + port + "\r\n", ""), 403);
@@ -363,11 +372,13 @@ TEST_F(ServerAbuse, OnlyTheHostApprovesAndStrangersAreRefused) {
   auto page = Client().Get("/?token=" + kSecret);
   ASSERT_TRUE(page);
   EXPECT_EQ(page->status, 200);
-  EXPECT_EQ(page->get_header_value("Set-Cookie"), "daisy_admin_" + port + "=" + kSecret + "; Path=/; HttpOnly; SameSite=Strict");
+  EXPECT_EQ(page->get_header_value("Set-Cookie"),
+            "daisy_admin_" + port + "=" + kSecret + "; Path=/; HttpOnly; SameSite=Strict");
   httplib::Client host("127.0.0.1", server_->port());
   host.set_read_timeout(10, 0);
-  host.set_default_headers({{"Cookie", page->get_header_value("Set-Cookie").substr(0, page->get_header_value("Set-Cookie").find(';'))},
-                            {"Origin", "http://127.0.0.1:" + port}});
+  host.set_default_headers(
+      {{"Cookie", page->get_header_value("Set-Cookie").substr(0, page->get_header_value("Set-Cookie").find(';'))},
+       {"Origin", "http://127.0.0.1:" + port}});
   auto approved = host.Post("/api/approve", body, "application/json");
   ASSERT_TRUE(approved);
   EXPECT_EQ(approved->status, 200) << approved->body;
