@@ -75,6 +75,14 @@ Json ModelJson(const ModelView& m, bool has_template) {
               {"has_chat_template", has_template}};
 }
 
+Json StageJson(const StageAssignment& s, size_t index) {
+  return Json{{"stage", static_cast<int>(index)},
+              {"device_id", s.device_id},
+              {"name", s.device_name},
+              {"first", s.first},
+              {"end", s.end}};
+}
+
 Json PlanJson(const Result<Plan>& plan) {
   if (!plan.ok()) {
     return Json{{"stages", Json::array()},
@@ -87,15 +95,12 @@ Json PlanJson(const Result<Plan>& plan) {
   Json stages = Json::array();
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const auto& s = p.stages[i];
-    stages.push_back({{"stage", static_cast<int>(i)},
-                      {"device_id", s.device_id},
-                      {"name", s.device_name},
-                      {"first", s.first},
-                      {"end", s.end},
-                      {"download_mb", Mb(s.download_bytes)},
-                      {"hold_mb", Mb(s.hold_bytes)},
-                      {"need_mb", Mb(s.need_bytes)},
-                      {"budget_mb", Mb(s.budget_bytes)}});
+    Json j = StageJson(s, i);
+    j["download_mb"] = Mb(s.download_bytes);
+    j["hold_mb"] = Mb(s.hold_bytes);
+    j["need_mb"] = Mb(s.need_bytes);
+    j["budget_mb"] = Mb(s.budget_bytes);
+    stages.push_back(std::move(j));
   }
   return Json{{"stages", stages},
               {"est_ms_per_token", p.est_seconds_per_token * 1e3},

@@ -27,6 +27,9 @@ void SendError(httplib::Response& res, const ApiError& e);
 void SendJson(httplib::Response& res, const Json& j);
 
 Json ModelJson(const ModelView& m, bool has_template);
+// One stage of a plan as every JSON answer names it: its index, device, name and layers
+// (the plan preview adds its sizes, a finished turn's done event its hops).
+Json StageJson(const StageAssignment& stage, size_t index);
 // The one JSON shape of a plan, as the UI shows it: the preview, or why there is none.
 Json PlanJson(const Result<Plan>& plan);
 Json ProgressJson(const StageProgress& p);

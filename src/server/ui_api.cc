@@ -14,13 +14,9 @@ Json DoneJson(const TurnOutcome& o) {
   const HeadReport& r = o.report;
   Json stages = Json::array();
   for (size_t i = 0; i < r.plan.size(); ++i) {
-    Json s = {{"stage", static_cast<int>(i)},
-              {"device_id", r.plan[i].device_id},
-              {"name", r.plan[i].device_name},
-              {"first", r.plan[i].first},
-              {"end", r.plan[i].end},
-              {"hops", 0},
-              {"ms_per_hop", 0.0}};
+    Json s = StageJson(r.plan[i], i);
+    s["hops"] = 0;
+    s["ms_per_hop"] = 0.0;
     for (const auto& l : r.stage_latency) {
       if (l.stage != static_cast<int>(i)) continue;
       s["hops"] = l.hops;
