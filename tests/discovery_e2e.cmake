@@ -2,7 +2,7 @@
 # makes (a veth pair on a private /24), as root; skipped otherwise. Never on shared interfaces.
 daisy_test(discovery_e2e_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/discovery_e2e_test.cc
-  LIBS nlohmann_json::nlohmann_json
+  LIBS daisy_ring daisy_net nlohmann_json::nlohmann_json
   LABELS "e2e"
   SERIAL
   TIMEOUT 300)

@@ -3,7 +3,11 @@
 // private /24, a multicast route on the veth). The node hears serve's announcement, joins
 // with the announced server key, waits for the host's approval like any device, holds a
 // stage, and a run over it is VERIFIED with the single-device ids.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "daisy/net.h"
+#include "daisy/ring.h"
 #include "e2e_util.h"
 #include "proc_util.h"
 
@@ -71,6 +77,31 @@ class NetnsPair {
  private:
   std::string serve_, node_;
   bool ok_ = false;
+};
+
+// A forged announcement from inside namespace `ns`: the real serve's address and port under a
+// key that is not its key, as anyone on a LAN could send. A child process (setns is per
+// thread; the child has one), killed when this goes away.
+class ForgedAnnouncer {
+ public:
+  ForgedAnnouncer(const std::string& ns, const Announcement& a, const std::string& from) {
+    pid_ = ::fork();
+    if (pid_ != 0) return;
+    const int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) std::_Exit(3);
+    auto an = Announcer::Start(a, from);
+    if (!an.ok()) std::_Exit(4);
+    for (int i = 0; i < 600; ++i) ::sleep(1);  // bounded: the parent kills it long before
+    std::_Exit(0);
+  }
+  ~ForgedAnnouncer() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+
+ private:
+  pid_t pid_ = -1;
 };
 
 std::vector<std::string> Cat(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -178,6 +209,22 @@ TEST(LanDiscovery, ANodeWithoutJoinFindsTheRoomWaitsForApprovalAndHoldsAVerified
   const std::string mlog = e2e::ReadAll(miss_log);
   EXPECT_NE(mlog.find("no room 'attic' on this network; found:"), std::string::npos) << mlog;
   EXPECT_NE(mlog.find("room 'default' at " + join + "  server key " + server_fpr), std::string::npos) << mlog;
+
+  // A forged announcement of serve's address under another key: the node takes the announced
+  // fingerprint as the server key it requires, so the key serve really has is refused.
+  Announcement forged;
+  forged.room = "forged";
+  forged.port = 8788;
+  forged.fingerprint = net::Fingerprint(net::NewKeyPair().public_key);
+  ForgedAnnouncer liar(ns.serve(), forged, kServeIp);
+  const std::string fooled_log = (tmp / "fooled.log").string();
+  Proc fooled = Proc::Spawn(Cat(ns.In(ns.node()), {e2e::Bin(), "node", "--room", "forged", "--discover-seconds", "3"}),
+                            {home("fooled")}, fooled_log);
+  EXPECT_NE(fooled.Wait(60), 0);
+  const std::string flog = e2e::ReadAll(fooled_log);
+  EXPECT_NE(flog.find("found room 'forged' at " + join + ", server key " + forged.fingerprint), std::string::npos) << flog;
+  EXPECT_NE(flog.find("not the " + forged.fingerprint), std::string::npos) << flog;
+  EXPECT_EQ(flog.find("waiting for the host to approve"), std::string::npos) << flog;
 
   node.Stop(SIGTERM);
   serve.Stop(SIGTERM);
