@@ -46,13 +46,13 @@ class NetnsPair {
     const std::string a = "dcv" + tag + "a", b = "dcv" + tag + "b";
     ok_ = Sh("ip netns add " + serve_ + " 2>/dev/null") == 0;
     if (!ok_) return;
-    ok_ = Sh("ip netns add " + node_) == 0 &&
-          Sh("ip link add " + a + " type veth peer name " + b) == 0 &&
+    ok_ = Sh("ip netns add " + node_) == 0 && Sh("ip link add " + a + " type veth peer name " + b) == 0 &&
           Sh("ip link set " + a + " netns " + serve_) == 0 && Sh("ip link set " + b + " netns " + node_) == 0 &&
           Sh("ip -n " + serve_ + " addr add " + kServeIp + "/24 dev " + a) == 0 &&
           Sh("ip -n " + node_ + " addr add " + kNodeIp + "/24 dev " + b) == 0 &&
           Sh("ip -n " + serve_ + " link set lo up") == 0 && Sh("ip -n " + node_ + " link set lo up") == 0 &&
-          Sh("ip -n " + serve_ + " link set " + a + " up") == 0 && Sh("ip -n " + node_ + " link set " + b + " up") == 0 &&
+          Sh("ip -n " + serve_ + " link set " + a + " up") == 0 &&
+          Sh("ip -n " + node_ + " link set " + b + " up") == 0 &&
           // Multicast leaves by the veth: the namespaces have no default route.
           Sh("ip -n " + serve_ + " route add 224.0.0.0/4 dev " + a) == 0 &&
           Sh("ip -n " + node_ + " route add 224.0.0.0/4 dev " + b) == 0;
@@ -156,8 +156,9 @@ TEST(LanDiscovery, ANodeWithoutJoinFindsTheRoomWaitsForApprovalAndHoldsAVerified
   ASSERT_FALSE(secret.empty()) << slog;
 
   // No --join, no --host: found by the announcement, inbox on the veth's address.
-  Proc node = Proc::Spawn(Cat(ns.In(ns.node()), {e2e::Bin(), "node", "--name", "lan-node", "--models-dir", e2e::Models()}),
-                          {home("node")}, node_log);
+  Proc node =
+      Proc::Spawn(Cat(ns.In(ns.node()), {e2e::Bin(), "node", "--name", "lan-node", "--models-dir", e2e::Models()}),
+                  {home("node")}, node_log);
   std::string nlog = WaitFor(node_log, "waiting for the host to approve", 30);
   EXPECT_NE(nlog.find("found room 'default' at " + join + ", server key " + server_fpr), std::string::npos) << nlog;
   EXPECT_NE(nlog.find("inbox on " + kNodeIp), std::string::npos) << nlog;
@@ -165,8 +166,8 @@ TEST(LanDiscovery, ANodeWithoutJoinFindsTheRoomWaitsForApprovalAndHoldsAVerified
   EXPECT_EQ(nlog.find("in room"), std::string::npos) << "in the room before the host approved it: " << nlog;
 
   // The host approves it as in the UI: the pending device's id from /api/state.
-  const std::string curl = "ip netns exec " + ns.serve() + " curl -s --max-time 5 -H 'Cookie: daisy_admin=" + secret +
-                           "' http://" + join;
+  const std::string curl =
+      "ip netns exec " + ns.serve() + " curl -s --max-time 5 -H 'Cookie: daisy_admin=" + secret + "' http://" + join;
   Json pending;
   for (int i = 0; i < 100 && pending.is_null(); ++i) {
     ASSERT_EQ(Sh(curl + "/api/state > " + (tmp / "state.json").string()), 0);
@@ -183,15 +184,15 @@ TEST(LanDiscovery, ANodeWithoutJoinFindsTheRoomWaitsForApprovalAndHoldsAVerified
   ASSERT_NE(nlog.find("in room 'default'"), std::string::npos) << nlog;
 
   // A run over the LAN: its head in serve's namespace, the found node the second stage.
-  const auto want = e2e::RunCli(home("gen"), "generate --model " + stories + " --prompt 'Once upon a time' -n 24 --json",
-                                tmp.string());
+  const auto want = e2e::RunCli(
+      home("gen"), "generate --model " + stories + " --prompt 'Once upon a time' -n 24 --json", tmp.string());
   ASSERT_EQ(want.exit_code, 0) << want.err;
   const std::string run_log = (tmp / "run.log").string();
-  Proc run = Proc::Spawn(Cat(ns.In(ns.serve()),
-                             {e2e::Bin(), "run", "--join", join, "--host", kServeIp, "--server-key", server_fpr, "--json",
-                              "--name", "head", "--model", stories, "--prompt", "Once upon a time", "-n", "24",
-                              "--stages", "2", "--verify"}),
-                         {home("head")}, run_log);
+  Proc run = Proc::Spawn(
+      Cat(ns.In(ns.serve()), {e2e::Bin(),         "run",    "--join", join,       "--host",  kServeIp,  "--server-key",
+                              server_fpr,         "--json", "--name", "head",     "--model", stories,   "--prompt",
+                              "Once upon a time", "-n",     "24",     "--stages", "2",       "--verify"}),
+      {home("head")}, run_log);
   ASSERT_EQ(run.Wait(180), 0) << e2e::ReadAll(run_log);
   const std::string rlog = e2e::ReadAll(run_log);
   const Json j = Json::parse(rlog.substr(rlog.rfind("\n{") + 1), nullptr, false);
@@ -222,7 +223,8 @@ TEST(LanDiscovery, ANodeWithoutJoinFindsTheRoomWaitsForApprovalAndHoldsAVerified
                             {home("fooled")}, fooled_log);
   EXPECT_NE(fooled.Wait(60), 0);
   const std::string flog = e2e::ReadAll(fooled_log);
-  EXPECT_NE(flog.find("found room 'forged' at " + join + ", server key " + forged.fingerprint), std::string::npos) << flog;
+  EXPECT_NE(flog.find("found room 'forged' at " + join + ", server key " + forged.fingerprint), std::string::npos)
+      << flog;
   EXPECT_NE(flog.find("not the " + forged.fingerprint), std::string::npos) << flog;
   EXPECT_EQ(flog.find("waiting for the host to approve"), std::string::npos) << flog;
 

@@ -40,7 +40,8 @@ Status Discover(NodeFlags& f) {
   std::fprintf(stderr, "no --join: listening %.0f s for rooms announced on this network (UDP %s:%d)\n", f.discover_s,
                kDiscoveryGroup, kDiscoveryPort);
   auto found = ListenForRooms(f.discover_s, &StopRequested());
-  if (!found.ok()) return InvalidArgument(found.status().message() + "; pass --join HOST:PORT as `daisychain serve` prints it");
+  if (!found.ok())
+    return InvalidArgument(found.status().message() + "; pass --join HOST:PORT as `daisychain serve` prints it");
   for (const auto& a : *found)
     std::fprintf(stderr, "  found room '%s' at %s:%d, server key %s\n", a.room.c_str(), a.address.c_str(), a.port,
                  a.fingerprint.c_str());

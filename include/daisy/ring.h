@@ -204,7 +204,6 @@ int32_t WireNext(const Hop& hop);
 // A message's name as the wire calls it ("activation", "assignment", ...), for log lines.
 std::string_view MessageName(const wire::Message& message);
 
-
 // ---- finding a room on the LAN (ring/discovery.cc) ----
 
 // `serve` announces its room on the local network every kAnnounceIntervalMs: one UDP

@@ -58,8 +58,8 @@ TEST(Discovery, CorruptFieldsAreRefused) {
     d[at] = c;
     return d;
   };
-  EXPECT_FALSE(ParseAnnouncement(with(0, 'X')).ok());   // magic
-  EXPECT_FALSE(ParseAnnouncement(with(4, 2)).ok());     // version
+  EXPECT_FALSE(ParseAnnouncement(with(0, 'X')).ok());  // magic
+  EXPECT_FALSE(ParseAnnouncement(with(4, 2)).ok());    // version
   std::string zero_port = with(5, 0);
   zero_port[6] = 0;
   EXPECT_FALSE(ParseAnnouncement(zero_port).ok());
