@@ -42,6 +42,7 @@ struct ServeFlags {
   bool no_compute = false;
   bool no_lookahead = false;
   bool no_cache = false;
+  bool no_announce = false;
   int stages = 0;
   std::string api_key;            // "": the OpenAI API answers this machine only
   std::string admin_secret_file;  // where to write the UI's admin secret ("" : nowhere)
@@ -162,6 +163,24 @@ int RunServe(const ServeFlags& f) {
   if (!mux.ok()) return ReportError(mux.status().message());
   mux_now.store(mux->get());
 
+  // On a network address, tell the LAN where this room is (multicast, TTL 1): `daisychain
+  // node` without --join finds it. Only the room, the port and the server key's fingerprint.
+  std::unique_ptr<Announcer> announcer;
+  if (!f.no_announce && !ListensOnLoopbackOnly(f.host)) {
+    Announcement a;
+    a.room = f.room;
+    a.port = f.port;
+    a.fingerprint = server_fpr;
+    auto an = Announcer::Start(a, f.host);
+    if (an.ok()) {
+      announcer = std::move(*an);
+      std::fprintf(stderr, "announcing room '%s' on this network (UDP %s:%d, TTL 1; --no-announce to stop)\n",
+                   f.room.c_str(), kDiscoveryGroup, kDiscoveryPort);
+    } else {
+      std::fprintf(stderr, "not announcing the room on this network: %s\n", an.status().message().c_str());
+    }
+  }
+
   std::thread compute;
   if (!f.no_compute) {
     compute = std::thread([&] {
@@ -252,6 +271,7 @@ int RunServe(const ServeFlags& f) {
   while (!StopRequested().load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // Outside in: no new connections, streams ended (turns asked to stop), the head leaves,
   // the compute device leaves, then the rendezvous.
+  announcer.reset();
   mux_now.store(nullptr);
   mux->reset();
   server->reset();
@@ -288,6 +308,9 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
                   "A local folder under which this process's compute device may open the models other heads name "
                   "(repeatable; the --model folder is allowed too); otherwise only Hub repo ids")
       ->allow_extra_args(false);
+  sub->add_flag("--no-announce", f->no_announce,
+                "Do not announce the room on the local network (by default a --host other than loopback is announced "
+                "by UDP multicast so `daisychain node` finds it without --join)");
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
   AddMaxMemoryFlag(sub, f->max_memory);  // the head's budget, and its compute device's
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");

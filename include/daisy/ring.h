@@ -7,12 +7,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "daisy/forward.h"
@@ -200,5 +203,72 @@ Result<HiddenStates> DecodeHop(wire::Activation& activation, int hidden);
 int32_t WireNext(const Hop& hop);
 // A message's name as the wire calls it ("activation", "assignment", ...), for log lines.
 std::string_view MessageName(const wire::Message& message);
+
+// ---- finding a room on the LAN (ring/discovery.cc) ----
+
+// `serve` announces its room on the local network every kAnnounceIntervalMs: one UDP
+// datagram to the administratively scoped group kDiscoveryGroup:kDiscoveryPort with TTL 1,
+// so it never leaves the link. It says where to join (the port; the address is the
+// datagram's source) and which server key to expect; nothing secret. The datagram:
+//   "DCRM" | version u8 (1) | port u16 big-endian | room length u8 | room | fingerprint length u8 | fingerprint
+// where the fingerprint is net::Fingerprint of the rendezvous's key ("ab12-cd34-ef56-7890").
+inline constexpr const char* kDiscoveryGroup = "239.255.87.88";
+inline constexpr int kDiscoveryPort = 8788;
+inline constexpr int kAnnounceIntervalMs = 2000;
+inline constexpr uint8_t kAnnounceVersion = 1;
+
+struct Announcement {
+  std::string room;
+  int port = 0;             // the serve's HTTP/ZeroMQ port
+  std::string fingerprint;  // the rendezvous key's fingerprint, as net::Fingerprint writes it
+  std::string address;      // the sender's IPv4 address (filled by the listener, not carried)
+  bool operator==(const Announcement&) const = default;
+};
+// The datagram for `a` (address not carried). InvalidArgument for a room that is empty,
+// longer than 64 bytes or not printable ASCII, a port outside 1..65535, or a malformed
+// fingerprint.
+Result<std::string> EncodeAnnouncement(const Announcement& a);
+// The announcement a datagram carries, or InvalidArgument naming what is wrong with it
+// (wrong magic or version, truncated, trailing bytes, a bad room, port or fingerprint).
+Result<Announcement> ParseAnnouncement(std::string_view datagram);
+
+// Sends the announcement from its own thread until destroyed. `interface_address`: the IPv4
+// address of the interface to send on ("0.0.0.0" or "": every up, multicast-capable,
+// non-loopback IPv4 interface).
+class Announcer {
+ public:
+  static Result<std::unique_ptr<Announcer>> Start(const Announcement& a, const std::string& interface_address,
+                                                  int port = kDiscoveryPort);
+  ~Announcer();
+  Announcer(const Announcer&) = delete;
+  Announcer& operator=(const Announcer&) = delete;
+  int64_t sent() const { return sent_.load(); }
+
+ private:
+  Announcer() = default;
+  void Loop();
+  int fd_ = -1;
+  std::string datagram_;
+  std::vector<uint32_t> interfaces_;  // network order
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> sent_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread thread_;
+};
+
+// Listens on every up, multicast-capable IPv4 interface for `seconds` (bounded; *stop ends
+// it early) and returns the distinct rooms heard, in the order first heard. Malformed
+// datagrams are ignored.
+Result<std::vector<Announcement>> ListenForRooms(double seconds, const std::atomic<bool>* stop = nullptr,
+                                                 int port = kDiscoveryPort);
+// The room to join among those found: the only one, or the one named `room` ("": none
+// named). InvalidArgument listing what was found when none or several match, saying how to
+// pass --join when nothing was heard.
+Result<Announcement> ChooseRoom(const std::vector<Announcement>& found, const std::string& room);
+// The local IPv4 address this machine reaches `address` from (what peers on that network
+// reach it at); "" when it cannot tell.
+std::string LocalAddressTowards(const std::string& address);
 
 }  // namespace daisy
