@@ -20,6 +20,7 @@ first-party C++ file:
 Each failure names the file, the line and the edge (module -> module). Exit status 1 on any.
 
     scripts/check_deps.py build/daisy_deps.json [--exclude scripts/lint-exclude.txt]
+    scripts/check_deps.py build/daisy_deps.json --table    (what each module may include)
 
 With --exclude, the files that list names (files being rewritten elsewhere) are not checked.
 """
@@ -256,7 +257,7 @@ def check(graph_path, exclude_path=None, out=sys.stdout):
             why = f"{' and '.join(ctx)} {'do' if len(ctx) > 1 else 'does'} not link {{to}}; it sees"
         else:
             continue
-        checked += 1
+        checked += rel(root, f) not in excluded
         mods = [t for t in ctx if t in g.modules]
         from_mod = mods[0] if len(mods) == 1 else None
         from_name = module_name(from_mod) if from_mod else ctx[0]
@@ -292,18 +293,35 @@ def check(graph_path, exclude_path=None, out=sys.stdout):
     edges = sum(len(v) for v in module_edges.values())
     if excluded:
         print(f"deps_rule: note: {len(excluded)} files not checked, as {rel(root, exclude_path)} says", file=out)
-    print(f"deps_rule: {checked - len(excluded)} files, {len(g.modules)} modules, {edges} module edges, "
+    print(f"deps_rule: {checked} files, {len(g.modules)} modules, {edges} module edges, "
           f"{len(owner)} headers: "
           f"{'FAILED, ' + str(len(errors)) + ' error(s)' if errors else 'OK'}", file=out)
     return 1 if errors else 0
 
 
+def table(graph_path, out=sys.stdout):
+    """The rule as a Markdown table: each module's headers, what it may include, what its
+    users get with it (docs/ARCHITECTURE.md)."""
+    g = Graph(graph_path)
+
+    def names(headers, but):
+        return ", ".join(sorted(module_name(m) for m in g.modules if m != but and g.own(m) & headers)) or "-"
+
+    print("| module | owns (include/daisy) | may include, besides its own | passes on to its users |", file=out)
+    print("|---|---|---|---|", file=out)
+    order = sorted(g.modules, key=lambda m: (len(g.link_closure(m)), m))  # lower layers first
+    for m in order:
+        print(f"| `{module_name(m)}` | {', '.join(sorted(g.own(m)))} | {names(g.visible(m), m)} | "
+              f"{names(g.exported(m), m)} |", file=out)
+    return 0
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    exclude = None
-    if len(args) == 3 and args[1] == "--exclude":
-        exclude = args[2] or None
-    elif len(args) != 1:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(check(args[0], exclude))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("graph", help="daisy_deps.json, as CMake writes it into the build folder")
+    parser.add_argument("--exclude", help="a file of paths not to check (scripts/lint-exclude.txt)")
+    parser.add_argument("--table", action="store_true", help="print what each module may include, check nothing")
+    args = parser.parse_args()
+    sys.exit(table(args.graph) if args.table else check(args.graph, args.exclude or None))

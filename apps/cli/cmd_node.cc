@@ -66,7 +66,8 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
                   "Fingerprint of the server's key, as `daisychain serve` prints it; without it the key is trusted on "
                   "first use and remembered in DAISY_HOME");
   sub->add_option("--host", f->host, "Address the other devices reach this one at (default 127.0.0.1)");
-  sub->add_option("--port", f->port, "Port of this device's inbox (default: any free port)")->check(CLI::Range(0, 65535));
+  sub->add_option("--port", f->port, "Port of this device's inbox (default: any free port)")
+      ->check(CLI::Range(0, 65535));
   sub->add_option("--advertise", f->advertise,
                   "HOST:PORT the other devices are told to send to, when it differs from --host and --port (a relay "
                   "or port forward)");

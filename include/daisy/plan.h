@@ -25,10 +25,10 @@ struct DeviceReport {
 // What planning needs to know of the model, independent of any device.
 struct PlanModel {
   int n_layers = 0;
-  uint64_t layer_bytes = 0;        // resident bytes of one layer (int8 weights + KV cache)
-  uint64_t head_bytes = 0;         // the head's extra tensors (embedding, LM head, norms)
-  double layer_cost_gemms = 0;     // one token through one layer, in reference GEMMs
-  uint64_t working_bytes = 0;      // per device, whatever it holds: process, buffers, activations
+  uint64_t layer_bytes = 0;     // resident bytes of one layer (int8 weights + KV cache)
+  uint64_t head_bytes = 0;      // the head's extra tensors (embedding, LM head, norms)
+  double layer_cost_gemms = 0;  // one token through one layer, in reference GEMMs
+  uint64_t working_bytes = 0;   // per device, whatever it holds: process, buffers, activations
 
   // What a device holding `layers` layers (and the head's tensors when `is_head`) needs.
   uint64_t Need(int layers, bool is_head) const {
@@ -45,9 +45,9 @@ inline constexpr uint64_t kProcessBytes = 96ull << 20;
 PlanModel PlanModelFromSpec(const ModelSpec& spec, int ctx, int embed_bytes_per_value = 2);
 
 struct PlanOptions {
-  std::optional<int> stages;                    // split over exactly this many devices
-  std::optional<std::vector<int>> layer_counts; // explicit layers per stage, head first
-  double max_seconds_per_token = 120;           // refuse before any download above this
+  std::optional<int> stages;                     // split over exactly this many devices
+  std::optional<std::vector<int>> layer_counts;  // explicit layers per stage, head first
+  double max_seconds_per_token = 120;            // refuse before any download above this
   // Room the head keeps beside its stage (a verified turn: stage-by-stage Verify's slice and
   // the hidden states), and per layer it holds (that Verify's second KV cache of its layers).
   uint64_t head_reserve_bytes = 0;
@@ -67,7 +67,7 @@ struct StageAssignment {
 struct Plan {
   std::vector<StageAssignment> stages;  // stage 0 is the head
   double est_seconds_per_token = 0;
-  std::vector<std::string> notes;       // devices left out or dropped, and why
+  std::vector<std::string> notes;  // devices left out or dropped, and why
 };
 
 // Capacities + free memory + model -> plan. devices[0] is the head. The head is stage 0,

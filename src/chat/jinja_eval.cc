@@ -69,6 +69,7 @@ std::vector<std::string> SplitLines(std::string_view s) {
   while (p < s.size()) {
     size_t nl = 0;
     unsigned char c = static_cast<unsigned char>(s[p]);
+    // NOLINTNEXTLINE(bugprone-branch-clone): one branch per kind of line break, as Python orders them
     if (c == '\r' && p + 1 < s.size() && s[p + 1] == '\n') {
       nl = 2;
     } else if (c == '\n' || c == '\r' || c == '\v' || c == '\f' || (c >= 0x1c && c <= 0x1e)) {
@@ -1368,6 +1369,7 @@ class Renderer {
       DAISY_RETURN_IF_ERROR(st);
       if (reverse && Truthy(*reverse)) std::reverse(order.begin(), order.end());
       std::vector<Value> out;
+      out.reserve(order.size());
       for (size_t k : order) out.push_back(items[k]);
       return Value::MakeList(std::move(out));
     }
