@@ -12,7 +12,7 @@ CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 BIN        := $(BUILD)/apps/cli/daisychain
 
 LINT_EXCLUDE ?= scripts/lint-exclude.txt
-TIDY_SCOPE ?= src apps
+TIDY_SCOPE ?= modules
 
 .PHONY: all deps configure build test test-unit test-asan test-arm64 fuzz-build fuzz fuzz-smoke format lint tidy demo bench clean
 
@@ -73,7 +73,8 @@ lint: configure
 	python3 scripts/check_deps.py $(BUILD)/daisy_deps.json --exclude "$(LINT_EXCLUDE)"
 	$(MAKE) --no-print-directory tidy
 
-# clang-tidy over the .cc files of TIDY_SCOPE (src apps; README.md says why not more),
+# clang-tidy over the module libraries' .cc files (TIDY_SCOPE=modules; all: the tests, apps,
+# tools and bench too; README.md says why not by default),
 # JOBS at a time, from $(BUILD)/compile_commands.json. Prints its time.
 tidy: configure
 	BUILD=$(BUILD) JOBS=$(JOBS) LINT_EXCLUDE="$(LINT_EXCLUDE)" TIDY_SCOPE="$(TIDY_SCOPE)" bash scripts/lint.sh tidy

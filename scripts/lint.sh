@@ -11,8 +11,9 @@
 #   JOBS          clang-tidy processes at once (default: nproc)
 #   LINT_EXCLUDE  a file of paths to skip, one a line, a trailing / for a folder (default
 #                 scripts/lint-exclude.txt: files being rewritten elsewhere); empty: none
-#   TIDY_SCOPE    folders (or files) clang-tidy reads (default: src apps); "all" adds
-#                 tools, tests and bench
+#   TIDY_SCOPE    what clang-tidy reads: "modules" (default: the .cc files of src/ but the
+#                 *_test.cc, i.e. the module libraries), "all" (src with its tests, apps,
+#                 tools, tests, bench), or folders and files
 # Files are given relative to the repository root; any arguments after the mode replace
 # the file list (still filtered by LINT_EXCLUDE).
 set -euo pipefail
@@ -22,7 +23,9 @@ shift || true
 build=${BUILD:-build}
 jobs=${JOBS:-$(nproc)}
 exclude=${LINT_EXCLUDE-scripts/lint-exclude.txt}
-scope=${TIDY_SCOPE:-src apps}
+scope=${TIDY_SCOPE:-modules}
+tests_too=1
+[[ $scope == modules ]] && { scope=src; tests_too=0; }
 [[ $scope == all ]] && scope="src apps tools tests bench"
 clang_format=${CLANG_FORMAT:-clang-format}
 clang_tidy=${CLANG_TIDY:-clang-tidy}
@@ -76,7 +79,8 @@ case $mode in
     [[ -f $build/compile_commands.json ]] || { echo "lint: $build/compile_commands.json is missing (configure first)" >&2; exit 1; }
     # Only the translation units this build compiles (not another ISA's kernels): the headers
     # of include/daisy are read through them (HeaderFilterRegex in .clang-tidy).
-    mapfile -t files < <(files_for "$scope" "$@" | grep '\.cc$' | grep -Fxf <(python3 -c '
+    mapfile -t files < <(files_for "$scope" "$@" | grep '\.cc$' | { ((tests_too)) && cat || grep -v '_test\.cc$'; } |
+      grep -Fxf <(python3 -c '
 import json, os, sys
 for e in json.load(open(sys.argv[1])):
     print(os.path.relpath(os.path.join(e["directory"], e["file"]), sys.argv[2]))' "$build/compile_commands.json" "$(pwd)"))
@@ -96,10 +100,10 @@ for e in json.load(open(sys.argv[1])):
     took=$(($(date +%s) - start))
     if [[ -s $log/found ]]; then
       cat "$log/found"
-      echo "lint: clang-tidy found $(wc -l < "$log/found") problems in ${#files[@]} files ($scope, ${took} s)" >&2
+      echo "lint: clang-tidy found $(wc -l < "$log/found") problems in ${#files[@]} files (${TIDY_SCOPE:-modules}, ${took} s)" >&2
       exit 1
     fi
-    echo "lint: clang-tidy read ${#files[@]} files ($scope) in ${took} s with $jobs jobs: no problem"
+    echo "lint: clang-tidy read ${#files[@]} files (${TIDY_SCOPE:-modules}) in ${took} s with $jobs jobs: no problem"
     ;;
   *)
     sed -n '2,18p' "$0" >&2

@@ -92,6 +92,7 @@ int RunInspect(const InspectOptions& o) {
     first += count;
   }
   std::vector<uint64_t> layer_bytes;
+  layer_bytes.reserve(static_cast<size_t>(s.n_layers));
   for (int l = 0; l < s.n_layers; ++l) layer_bytes.push_back(TensorBytes(idx, LayerTensorNames(s, l)));
   std::map<std::string, uint64_t> dtypes;
   for (const auto& t : idx.tensors()) dtypes[std::string(DTypeName(t.dtype))] += t.Elements();

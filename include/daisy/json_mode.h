@@ -28,7 +28,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace daisy {
@@ -199,11 +198,11 @@ class JsonMode {
   // Install again for it. A template over the options (a GenerateOptions) because sample
   // sits below forward, which defines them (docs/ARCHITECTURE.md).
   template <class Options>
-  static void Install(Options& options, std::shared_ptr<JsonMode> mode) {
-    Install(options.stop_ids, options.constrain, options.stop_after, std::move(mode));
+  static void Install(Options& options, const std::shared_ptr<JsonMode>& mode) {
+    Install(options.stop_ids, options.constrain, options.stop_after, mode);
   }
   static void Install(std::span<const int32_t> stop_ids, ConstrainHook& constrain, StopAfterHook& stop_after,
-                      std::shared_ptr<JsonMode> mode);
+                      const std::shared_ptr<JsonMode>& mode);
 
  private:
   // The state after `id`, when allowed at all; fits: its closing suffix fits in `budget`.

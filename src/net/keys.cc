@@ -65,7 +65,7 @@ std::string Hex16(const std::string& public_key) {
   if (public_key.size() != 40 || zmq_z85_decode(raw, public_key.c_str()) == nullptr) return "";
   uint8_t digest[32];
   crypto_generichash(digest, sizeof digest, raw, sizeof raw, nullptr, 0);
-  static const char* kHex = "0123456789abcdef";
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   for (int i = 0; i < 8; ++i) {
     out += kHex[digest[i] >> 4];

@@ -643,7 +643,7 @@ bool JsonMode::Accept(int32_t id) {
 }
 
 void JsonMode::Install(std::span<const int32_t> stop_ids, ConstrainHook& constrain, StopAfterHook& stop_after,
-                       std::shared_ptr<JsonMode> mode) {
+                       const std::shared_ptr<JsonMode>& mode) {
   DAISY_CHECK(mode != nullptr, "Bug: JsonMode::Install without a mode");
   mode->Reset();
   mode->Forbid(stop_ids);
