@@ -1393,10 +1393,10 @@ class Renderer {
       }
       if (pos.empty() || pos[0].kind != Kind::kString) return Err(line, "map needs a filter name or attribute=");
       const std::string filter = pos[0].s;
-      static const char* kMappable[] = {"abs",    "capitalize", "count",  "d",       "default", "e",
-                                        "escape", "first",      "float",  "int",     "join",    "last",
-                                        "length", "list",       "lower",  "replace", "reverse", "safe",
-                                        "string", "title",      "tojson", "trim",    "upper",   "items"};
+      static const char* const kMappable[] = {"abs",    "capitalize", "count",  "d",       "default", "e",
+                                              "escape", "first",      "float",  "int",     "join",    "last",
+                                              "length", "list",       "lower",  "replace", "reverse", "safe",
+                                              "string", "title",      "tojson", "trim",    "upper",   "items"};
       if (std::none_of(std::begin(kMappable), std::end(kMappable), [&](const char* f) { return filter == f; })) {
         return Refuse(line, "filter '" + filter + "' inside map");
       }

@@ -522,6 +522,7 @@ int JsonTokenTable::TokensFor(std::string_view text) const {
   for (size_t i = m; i-- > 0;) {
     size_t node = 0;
     for (size_t j = i; j < m && j - i < 16; ++j) {
+      // NOLINTNEXTLINE(bugprone-signed-char-misuse): symbol_ holds numbers, -1 for a byte outside the alphabet
       const int sym = symbol_[static_cast<uint8_t>(text[j])];
       if (sym < 0) break;
       const int32_t next = trie_[node * static_cast<size_t>(n_symbols_) + static_cast<size_t>(sym)];
