@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh Debian 12 machine (see README.md):
 #   make demo   the main job on the bundled model
-#   make test   build and run every test (plus the parsers under ASan+UBSan, the fuzz
-#               smoke, and the arm64 bit-identity tests under qemu)
+#   make test   build and run every test (plus clang-tidy, the parsers under ASan+UBSan,
+#               the fuzz smoke, and the arm64 bit-identity tests under qemu)
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
@@ -11,7 +11,10 @@ JOBS       ?= $(shell nproc)
 CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 BIN        := $(BUILD)/apps/cli/daisychain
 
-.PHONY: all deps configure build test test-unit test-asan test-arm64 fuzz-build fuzz fuzz-smoke demo bench clean
+LINT_EXCLUDE ?= scripts/lint-exclude.txt
+TIDY_SCOPE ?= modules
+
+.PHONY: all deps configure build test test-unit test-asan test-arm64 fuzz-build fuzz fuzz-smoke format lint tidy demo bench clean
 
 all: build
 
@@ -58,7 +61,25 @@ test-arm64: deps
 	@start=$$(date +%s); BUILD_DIR=$(abspath $(ARM64_BUILD)) JOBS=$(JOBS) bash scripts/test-arm64.sh && \
 	  echo "test-arm64: $$(( $$(date +%s) - start )) s in all"
 
-test: test-unit test-asan fuzz-smoke test-arm64
+# clang-format in place over the first-party C++ files, but those LINT_EXCLUDE lists
+# (`make format LINT_EXCLUDE=` takes every file).
+format:
+	LINT_EXCLUDE="$(LINT_EXCLUDE)" bash scripts/lint.sh format
+
+# The checks of `make test` alone: clang-format (also the ctest test format_check), the
+# dependency rule (ctest deps_rule) and clang-tidy; `make lint LINT_EXCLUDE=` checks every file.
+lint: configure
+	LINT_EXCLUDE="$(LINT_EXCLUDE)" bash scripts/lint.sh format-check
+	python3 scripts/check_deps.py $(BUILD)/daisy_deps.json --exclude "$(LINT_EXCLUDE)"
+	$(MAKE) --no-print-directory tidy
+
+# clang-tidy over the module libraries' .cc files (TIDY_SCOPE=modules; all: the tests, apps,
+# tools and bench too; README.md says why not by default),
+# JOBS at a time, from $(BUILD)/compile_commands.json. Prints its time.
+tidy: configure
+	BUILD=$(BUILD) JOBS=$(JOBS) LINT_EXCLUDE="$(LINT_EXCLUDE)" TIDY_SCOPE="$(TIDY_SCOPE)" bash scripts/lint.sh tidy
+
+test: test-unit tidy test-asan fuzz-smoke test-arm64
 
 demo: build
 	$(BIN) demo

@@ -18,6 +18,7 @@ PACKAGES=(
   libsodium-dev                 # key fingerprints (BLAKE2b)
   chromium fonts-dejavu-core    # browser tests (tests/web, driven by playwright-core)
   clang-14 libclang-rt-14-dev   # libFuzzer targets (make fuzz, the smoke in make test)
+  clang-format clang-tidy       # make format, make lint (in make test): .clang-format, .clang-tidy
   tcpdump                       # the loopback capture test
   g++-aarch64-linux-gnu qemu-user  # arm64 tests under qemu (make test-arm64, in make test)
 )

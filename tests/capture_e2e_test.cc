@@ -20,7 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 using e2e::Proc;
 
-bool Contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+bool Contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
 
 class CaptureTest : public ::testing::Test {
  protected:
@@ -73,21 +75,26 @@ TEST_F(CaptureTest, ALoopbackCaptureOfARingRunHoldsNoPlaintext) {
   ASSERT_EQ(::access("/usr/bin/tcpdump", X_OK), 0) << "tcpdump is missing: run scripts/install-deps.sh";
   const std::string pcap = (tmp_ / "ring.pcap").string();
   // Immediate mode and -U: every packet is written as it comes; -s 0: whole packets.
-  Proc& dump = Spawn({"/usr/bin/tcpdump", "-i", "lo", "--immediate-mode", "-U", "-s", "0", "-w", pcap, "tcp"}, "dump", "tcpdump.log");
+  Proc& dump = Spawn({"/usr/bin/tcpdump", "-i", "lo", "--immediate-mode", "-U", "-s", "0", "-w", pcap, "tcp"}, "dump",
+                     "tcpdump.log");
   ASSERT_TRUE(WaitForLog("tcpdump.log", "listening on")) << e2e::ReadAll((tmp_ / "tcpdump.log").string());
 
   const std::string join = "127.0.0.1:" + std::to_string(port_);
-  Spawn({e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--no-compute", "--name", "serve"}, "serve", "serve.log");
-  Spawn({e2e::Bin(), "node", "--join", join, "--name", "node-1", "--models-dir", e2e::Models()}, "node-1", "node-1.log");
-  Spawn({e2e::Bin(), "node", "--join", join, "--name", "node-2", "--models-dir", e2e::Models()}, "node-2", "node-2.log");
+  Spawn({e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--no-compute", "--name", "serve"},
+        "serve", "serve.log");
+  Spawn({e2e::Bin(), "node", "--join", join, "--name", "node-1", "--models-dir", e2e::Models()}, "node-1",
+        "node-1.log");
+  Spawn({e2e::Bin(), "node", "--join", join, "--name", "node-2", "--models-dir", e2e::Models()}, "node-2",
+        "node-2.log");
   ASSERT_TRUE(WaitForLog("node-1.log", "in room")) << e2e::ReadAll((tmp_ / "node-1.log").string());
   ASSERT_TRUE(WaitForLog("node-2.log", "in room")) << e2e::ReadAll((tmp_ / "node-2.log").string());
 
   const std::string marker = "QZXV-marker-5512";
   const std::string prompt = "Once upon a time " + marker + " there was a cat";
-  Proc run = Proc::Spawn({e2e::Bin(), "run", "--join", join, "--json", "--name", "head", "--model", e2e::Models() + "/stories260K",
-                          "--prompt", prompt, "-n", "40", "--plan", "0,2,3", "--verify"},
-                         Env("head"), (tmp_ / "run.log").string());
+  Proc run =
+      Proc::Spawn({e2e::Bin(), "run", "--join", join, "--json", "--name", "head", "--model",
+                   e2e::Models() + "/stories260K", "--prompt", prompt, "-n", "40", "--plan", "0,2,3", "--verify"},
+                  Env("head"), (tmp_ / "run.log").string());
   ASSERT_EQ(run.Wait(120), 0) << e2e::ReadAll((tmp_ / "run.log").string());
   const std::string run_log = e2e::ReadAll((tmp_ / "run.log").string());
   const auto j = nlohmann::json::parse(run_log.substr(run_log.rfind("\n{") + 1));

@@ -18,11 +18,17 @@ struct RunResult {
   std::string err;
 };
 
-inline std::string Bin() { return std::string(std::getenv("DAISY_BIN_DIR")) + "/apps/cli/daisychain"; }
+inline std::string Bin() {
+  return std::string(std::getenv("DAISY_BIN_DIR")) + "/apps/cli/daisychain";
+}
 // The test-only build of the same commands whose nodes obey DAISY_TEST_FLIP_EVERY and
 // DAISY_TEST_HOP_DELAY_MS (apps/cli/faults): for tests that need a slow or lying stage.
-inline std::string FaultyBin() { return std::string(std::getenv("DAISY_BIN_DIR")) + "/apps/cli/daisychain_faulty"; }
-inline std::string Models() { return std::getenv("DAISY_MODELS"); }
+inline std::string FaultyBin() {
+  return std::string(std::getenv("DAISY_BIN_DIR")) + "/apps/cli/daisychain_faulty";
+}
+inline std::string Models() {
+  return std::getenv("DAISY_MODELS");
+}
 
 inline std::string ReadAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -29,11 +29,16 @@ constexpr const char* kToken = "hf_e2eSecretToken0123456789";
 void WriteSparseLlama(const fs::path& dir, int hidden, int intermediate, int vocab, int layers) {
   fs::create_directories(dir);
   const int heads = 8, kv = 4, hd = hidden / heads;
-  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                           {"hidden_size", hidden}, {"intermediate_size", intermediate},
-                           {"num_hidden_layers", layers}, {"num_attention_heads", heads},
-                           {"num_key_value_heads", kv}, {"vocab_size", vocab},
-                           {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
+  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                           {"model_type", "llama"},
+                           {"hidden_size", hidden},
+                           {"intermediate_size", intermediate},
+                           {"num_hidden_layers", layers},
+                           {"num_attention_heads", heads},
+                           {"num_key_value_heads", kv},
+                           {"vocab_size", vocab},
+                           {"max_position_embeddings", 4096},
+                           {"rms_norm_eps", 1e-5},
                            {"tie_word_embeddings", true}};
   std::ofstream(dir / "config.json") << config.dump(2);
   std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {{"model.embed_tokens.weight", {vocab, hidden}},
@@ -94,9 +99,10 @@ class HubE2E : public ::testing::Test {
   }
   // The environment of a child: this hub, a private cache, no token unless given.
   std::string Env(const std::string& token = "") const {
-    std::string env = "-u HF_TOKEN -u http_proxy -u HTTP_PROXY -u https_proxy -u HTTPS_PROXY HF_ENDPOINT=" +
-                      hub_->endpoint() + " DAISY_CACHE_DIR=" + (tmp_ / "cache").string() +
-                      " HF_HOME=" + (tmp_ / "hf").string() + " HF_TOKEN_PATH=" + (tmp_ / "no-token").string();
+    std::string env =
+        "-u HF_TOKEN -u http_proxy -u HTTP_PROXY -u https_proxy -u HTTPS_PROXY HF_ENDPOINT=" + hub_->endpoint() +
+        " DAISY_CACHE_DIR=" + (tmp_ / "cache").string() + " HF_HOME=" + (tmp_ / "hf").string() +
+        " HF_TOKEN_PATH=" + (tmp_ / "no-token").string();
     if (!token.empty()) env += " HF_TOKEN=" + token;
     return env;
   }
@@ -130,9 +136,9 @@ TEST_F(HubE2E, InspectReadsOnlyConfigTokenizerAndHeaders) {
   EXPECT_EQ(j["parameters"], 260032);
   EXPECT_EQ(j["family"], "llama");
   EXPECT_EQ(j["revision"], TestHub::CommitFor("acme/stories"));
-  const std::set<std::string> allowed = {"config.json", "generation_config.json", "tokenizer.json",
-                                         "tokenizer_config.json", "model.safetensors",
-                                         "model.safetensors.index.json"};
+  const std::set<std::string> allowed = {"config.json",       "generation_config.json",
+                                         "tokenizer.json",    "tokenizer_config.json",
+                                         "model.safetensors", "model.safetensors.index.json"};
   uint64_t weight_file_bytes = 0;
   const auto reqs = hub_->requests();
   for (size_t i = 0; i < reqs.size(); ++i) {

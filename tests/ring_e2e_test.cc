@@ -1,13 +1,13 @@
 // The ring end to end with real processes on 127.0.0.1: `daisychain serve`, `node` and
 // `run`, against `daisychain generate` on one device.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sys/stat.h>
 #include <thread>
 
 #include "daisy/model.h"
@@ -24,7 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using e2e::Proc;
 
-std::string Stories() { return e2e::Models() + "/stories260K"; }
+std::string Stories() {
+  return e2e::Models() + "/stories260K";
+}
 
 class RingTest : public ::testing::Test {
  protected:
@@ -71,7 +73,8 @@ class RingTest : public ::testing::Test {
     return {"--models-dir", e2e::Models(), "--models-dir", models_.string(), "--models-dir", tmp_.string()};
   }
   void StartServe(bool compute) {
-    std::vector<std::string> args = {e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--name", "serve"};
+    std::vector<std::string> args = {e2e::Bin(),       "serve",  "--port", std::to_string(port_),
+                                     "--auto-approve", "--name", "serve"};
     if (!compute) args.push_back("--no-compute");
     for (const auto& a : ModelsDirArgs()) args.push_back(a);
     serve_ = Proc::Spawn(args, BaseEnv("serve"), (tmp_ / "serve.log").string());
@@ -85,7 +88,9 @@ class RingTest : public ::testing::Test {
       int joined = 0;
       for (size_t at = log.find("device node-"); at != std::string::npos; at = log.find("device node-", at + 1)) {
         const size_t eol = log.find('\n', at);
-        if (log.substr(at, eol == std::string::npos ? std::string::npos : eol - at).find("joined room") != std::string::npos) ++joined;
+        if (log.substr(at, eol == std::string::npos ? std::string::npos : eol - at).find("joined room") !=
+            std::string::npos)
+          ++joined;
       }
       if (joined >= n) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -101,7 +106,8 @@ class RingTest : public ::testing::Test {
       const std::string name = "node-" + std::to_string(procs_.size() + 1);
       auto e = BaseEnv(name);
       for (const auto& x : env) e.push_back(x);
-      std::vector<std::string> args = {faulty ? e2e::FaultyBin() : e2e::Bin(), "node", "--join", Join(), "--name", name};
+      std::vector<std::string> args = {
+          faulty ? e2e::FaultyBin() : e2e::Bin(), "node", "--join", Join(), "--name", name};
       for (const auto& a : ModelsDirArgs()) args.push_back(a);
       procs_.push_back(Proc::Spawn(args, e, (tmp_ / (name + ".log")).string()));
     }
@@ -240,7 +246,8 @@ TEST_F(RingTest, EachDeviceDownloadsOnlyItsOwnLayersAndOnlyTheHeadTheEmbedding) 
   for (const auto& r : (*hub)->requests()) {
     if (!r.path.ends_with("/model.safetensors") || r.range.empty()) continue;
     const size_t eq = r.range.find('='), dash = r.range.find('-');
-    const uint64_t a = std::stoull(r.range.substr(eq + 1, dash - eq - 1)), b = std::stoull(r.range.substr(dash + 1)) + 1;
+    const uint64_t a = std::stoull(r.range.substr(eq + 1, dash - eq - 1)),
+                   b = std::stoull(r.range.substr(dash + 1)) + 1;
     if (b <= data_start) continue;  // the header, read by every device
     std::set<int> stages;
     for (const auto& o : owned)
@@ -298,8 +305,9 @@ TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   const auto want = GenerateIds(tiny, "Once upon a time", 80);
   const int victim = NodeByRank(tmp_, 3, 0);  // in the first plan: head + the two lowest ids
 
-  std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
-                                   "--prompt", "Once upon a time", "-n", "80", "--stages", "3"};
+  std::vector<std::string> args = {e2e::Bin(),         "run",  "--join",  Join(),     "--json",
+                                   "--name",           "head", "--model", tiny,       "--prompt",
+                                   "Once upon a time", "-n",   "80",      "--stages", "3"};
   Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-kill.log").string());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   procs_[static_cast<size_t>(victim)].Stop(SIGKILL);
@@ -320,8 +328,9 @@ TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNext
   const int first_victim = NodeByRank(tmp_, 3, 0);
   const int replacement = NodeByRank(tmp_, 3, 2);
 
-  std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
-                                   "--prompt", "Once upon a time", "-n", "200", "--stages", "3"};
+  std::vector<std::string> args = {e2e::Bin(),         "run",  "--join",  Join(),     "--json",
+                                   "--name",           "head", "--model", tiny,       "--prompt",
+                                   "Once upon a time", "-n",   "200",     "--stages", "3"};
   const auto start = std::chrono::steady_clock::now();
   Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-kill2.log").string());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
@@ -355,8 +364,8 @@ TEST_F(RingTest, ASecondPromptWaitsForTheTurnInProgress) {
   const auto want_a = GenerateIds(tiny, "Once upon a time", 100);
   const auto want_b = GenerateIds(tiny, "Lily and Ben", 30);
   auto spawn = [&](const std::string& home, const std::string& prompt, int n, const std::string& log) {
-    return Proc::Spawn({e2e::Bin(), "run", "--join", Join(), "--json", "--name", home, "--model", tiny, "--prompt", prompt,
-                        "-n", std::to_string(n), "--stages", "2"},
+    return Proc::Spawn({e2e::Bin(), "run", "--join", Join(), "--json", "--name", home, "--model", tiny, "--prompt",
+                        prompt, "-n", std::to_string(n), "--stages", "2"},
                        BaseEnv(home), (tmp_ / log).string());
   };
   Proc a = spawn("head-a", "Once upon a time", 100, "run-a.log");
@@ -379,7 +388,10 @@ TEST_F(RingTest, AFrameTamperedWithInFlightBreaksTheLinkAndTheTurnIsReplayedWith
   const int inbox = e2e::FreePort();
   // Past the greeting and the CURVE handshake: the flip lands in a frame of the turn.
   test::FlippingProxy proxy(inbox, 1500);
-  std::vector<std::string> node_args = {e2e::Bin(), "node", "--join", Join(), "--name", "node-tampered", "--port", std::to_string(inbox),
+  std::vector<std::string> node_args = {e2e::Bin(),    "node",
+                                        "--join",      Join(),
+                                        "--name",      "node-tampered",
+                                        "--port",      std::to_string(inbox),
                                         "--advertise", "127.0.0.1:" + std::to_string(proxy.port())};
   for (const auto& a : ModelsDirArgs()) node_args.push_back(a);
   procs_.push_back(Proc::Spawn(node_args, BaseEnv("node-tampered"), (tmp_ / "node-tampered.log").string()));
@@ -390,10 +402,11 @@ TEST_F(RingTest, AFrameTamperedWithInFlightBreaksTheLinkAndTheTurnIsReplayedWith
   ASSERT_EQ(rc, 0) << last_run_log_;
   ASSERT_TRUE(j.is_object()) << last_run_log_;
   EXPECT_GE(proxy.flipped(), 1);
-  EXPECT_NE(last_run_log_.find("node-tampered"), std::string::npos) << "the first plan did not use the proxied stage: " << last_run_log_;
+  EXPECT_NE(last_run_log_.find("node-tampered"), std::string::npos)
+      << "the first plan did not use the proxied stage: " << last_run_log_;
   EXPECT_EQ(j["replays"], 1) << last_run_log_;
   EXPECT_NE(last_run_log_.find("broke"), std::string::npos) << last_run_log_;  // seen at once, not after a stall
-  EXPECT_EQ(j["plan"].size(), 1u) << last_run_log_;  // re-planned without it
+  EXPECT_EQ(j["plan"].size(), 1u) << last_run_log_;                            // re-planned without it
   EXPECT_TRUE(j["verified"].get<bool>()) << last_run_log_;
   EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
   // The flipped frame never reached the node's code: CURVE refused it first (without
@@ -408,7 +421,9 @@ TEST_F(RingTest, AFrameTamperedWithInFlightBreaksTheLinkAndTheTurnIsReplayedWith
 int OpenFds(pid_t pid) {
   std::error_code ec;
   int n = 0;
-  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++n;
+  for (auto it = fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec))
+    ++n;
   return n;
 }
 
@@ -430,7 +445,8 @@ TEST_F(RingTest, AHalfBillionParameterModelServesSeveralFreshHeadsInARow) {
   int fds_after_first = 0;
   for (int turn = 0; turn < 3; ++turn) {
     const bool verify = turn == 2;
-    std::vector<std::string> args = {"--model", qwen.string(), "--prompt", "Once upon a time", "-n", "6", "--stages", "3"};
+    std::vector<std::string> args = {"--model", qwen.string(), "--prompt", "Once upon a time",
+                                     "-n",      "6",           "--stages", "3"};
     if (verify) args.push_back("--verify");
     auto [rc, j] = Run(args, 240);
     ASSERT_EQ(rc, 0) << "turn " << turn << ": " << last_run_log_;
@@ -462,7 +478,8 @@ TEST_F(RingTest, AStageWhoseLayersLoadSlowlyIsWaitedForAndTheTurnCompletes) {
   StartServe(/*compute=*/false);
   StartNodes(2);
   WaitForJoined(2);
-  auto [rc, j] = Run({"--model", "acme/stories", "--prompt", "Once upon a time", "-n", "20", "--stages", "3", "--no-cache"}, 180);
+  auto [rc, j] =
+      Run({"--model", "acme/stories", "--prompt", "Once upon a time", "-n", "20", "--stages", "3", "--no-cache"}, 180);
   ASSERT_EQ(rc, 0) << last_run_log_;
   EXPECT_EQ(j["replays"], 0) << last_run_log_;
   EXPECT_EQ(j["ids"].get<std::vector<int>>(), GenerateIds(Stories(), "Once upon a time", 20));
@@ -481,8 +498,9 @@ TEST_F(RingTest, AStoppedStageIsGivenUpAndDoesNoHarmWhenItResumes) {
   const std::string tiny = (models_ / "tiny30").string();
   const auto want = GenerateIds(tiny, "Once upon a time", 80);
   const int victim = NodeByRank(tmp_, 3, 0);
-  std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny,
-                                   "--prompt", "Once upon a time", "-n", "80", "--stages", "3"};
+  std::vector<std::string> args = {e2e::Bin(),         "run",  "--join",  Join(),     "--json",
+                                   "--name",           "head", "--model", tiny,       "--prompt",
+                                   "Once upon a time", "-n",   "80",      "--stages", "3"};
   const auto start = std::chrono::steady_clock::now();
   Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-stop.log").string());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
@@ -542,7 +560,7 @@ TEST(IdCommand, PrintsTheSameFingerprintFromAKeyFileOnlyTheUserCanRead) {
   auto first = e2e::RunCli(home, "id", tmp.string());
   ASSERT_EQ(first.exit_code, 0) << first.err;
   ASSERT_EQ(first.out.size(), 20u) << first.out;  // "ab12-cd34-ef56-7890\n"
-  struct stat st{};
+  struct stat st {};
   const fs::path key = tmp / "home" / "keys" / "node.key";
   ASSERT_EQ(::stat(key.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);

@@ -58,10 +58,9 @@ class ServerTest : public ::testing::Test {
     serve_ = new Proc(Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--name",
                                    "serve", "--model", Stories()},
                                   {"DAISY_HOME=" + (tmp_ / "serve").string()}, (tmp_ / "serve.log").string()));
-    node_ =
-        new Proc(Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port_), "--name", "node-1",
-                              "--models-dir", e2e::Models()},
-                             {"DAISY_HOME=" + (tmp_ / "node").string()}, (tmp_ / "node.log").string()));
+    node_ = new Proc(Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port_), "--name",
+                                  "node-1", "--models-dir", e2e::Models()},
+                                 {"DAISY_HOME=" + (tmp_ / "node").string()}, (tmp_ / "node.log").string()));
     secret_ = e2e::AdminSecretFromLog((tmp_ / "serve.log").string());
     ASSERT_FALSE(secret_.empty()) << "serve printed no UI URL with its secret: "
                                   << e2e::ReadAll((tmp_ / "serve.log").string());
@@ -348,7 +347,8 @@ TEST_F(ServerTest, StateHasTheDocumentedShape) {
   ASSERT_EQ(key->status, 200);
   const std::string fpr = Json::parse(key->body)["fingerprint"];
   EXPECT_EQ(fpr.size(), 19u);
-  EXPECT_EQ(j["join"], "daisychain node --join 127.0.0.1:" + std::to_string(port_) + " --room default --server-key " + fpr);
+  EXPECT_EQ(j["join"],
+            "daisychain node --join 127.0.0.1:" + std::to_string(port_) + " --room default --server-key " + fpr);
   EXPECT_EQ(j["auto_approve"], true);
   EXPECT_FALSE(j["busy"].get<bool>());
   EXPECT_EQ(j["queue"], 0);
@@ -523,8 +523,9 @@ TEST(ServeJoin, ADeviceWaitsWithItsFingerprintUntilTheHostApprovesIt) {
   const std::string known_fpr = known_id.out.substr(0, 19);
   const int port = e2e::FreePort();
   const std::string hp = "127.0.0.1:" + std::to_string(port);
-  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--no-compute", "--approve", known_fpr},
-                           {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
+  Proc serve =
+      Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--no-compute", "--approve", known_fpr},
+                  {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
   httplib::Client cli("127.0.0.1", port);
   const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
   ASSERT_FALSE(secret.empty()) << e2e::ReadAll((tmp / "serve.log").string());
@@ -536,7 +537,8 @@ TEST(ServeJoin, ADeviceWaitsWithItsFingerprintUntilTheHostApprovesIt) {
     if (server_fpr.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_FALSE(server_fpr.empty()) << e2e::ReadAll((tmp / "serve.log").string());
-  EXPECT_NE(e2e::ReadAll((tmp / "serve.log").string()).find("server key fingerprint: " + server_fpr), std::string::npos);
+  EXPECT_NE(e2e::ReadAll((tmp / "serve.log").string()).find("server key fingerprint: " + server_fpr),
+            std::string::npos);
 
   // A wrong --server-key: refused loudly, nothing asked.
   std::string wrong = server_fpr;
@@ -754,13 +756,14 @@ TEST(ServeAudit, ARiggedNodeIsCaughtAndTheAnswerIsTheSingleDeviceOne) {
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const fs::path tmp = tmpl;
   const int port = e2e::FreePort();
-  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute", "--model",
-                            Stories(), "--stages", "2", "--audit", "0.1", "--audit-seed", "5"},
+  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute",
+                            "--model", Stories(), "--stages", "2", "--audit", "0.1", "--audit-seed", "5"},
                            {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
   // The test-only build: the product ignores DAISY_TEST_FLIP_EVERY (see the test below).
-  Proc node = Proc::Spawn({e2e::FaultyBin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "rigged",
-                           "--models-dir", e2e::Models()},
-                          {"DAISY_HOME=" + (tmp / "node").string(), "DAISY_TEST_FLIP_EVERY=7"}, (tmp / "node.log").string());
+  Proc node =
+      Proc::Spawn({e2e::FaultyBin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "rigged",
+                   "--models-dir", e2e::Models()},
+                  {"DAISY_HOME=" + (tmp / "node").string(), "DAISY_TEST_FLIP_EVERY=7"}, (tmp / "node.log").string());
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(120, 0);
   const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
@@ -815,7 +818,8 @@ TEST(ServeAudit, ARiggedNodeIsCaughtAndTheAnswerIsTheSingleDeviceOne) {
   std::printf("audit in serve: %d retract event(s), replays %d\n", retracts, done["replays"].get<int>());
 
   // The API's answer is the single-device text too.
-  auto c = cli.Post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 60}, {"temperature", 0}}.dump(), "application/json");
+  auto c = cli.Post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 60}, {"temperature", 0}}.dump(),
+                    "application/json");
   ASSERT_TRUE(c);
   ASSERT_EQ(c->status, 200) << c->body;
   EXPECT_EQ(Json::parse(c->body)["choices"][0]["text"], want_text);
@@ -903,8 +907,8 @@ TEST(ServeAccess, StrangersThroughThePortAreRefusedAndNoDeviceIsApproved) {
 
   const std::string body = Json{{"id", fpr}}.dump();
   auto post = [&](const std::string& headers, const std::string& content) {
-    return "POST /api/approve HTTP/1.1\r\nHost: " + hp + "\r\n" + headers + "Content-Length: " +
-           std::to_string(content.size()) + "\r\n\r\n" + content;
+    return "POST /api/approve HTTP/1.1\r\nHost: " + hp + "\r\n" + headers +
+           "Content-Length: " + std::to_string(content.size()) + "\r\n\r\n" + content;
   };
   const std::string cookie = "Cookie: daisy_admin=" + secret + "\r\n";
   // Another address, no secret: refused.
@@ -915,17 +919,18 @@ TEST(ServeAccess, StrangersThroughThePortAreRefusedAndNoDeviceIsApproved) {
   r = RequestFrom("127.0.0.1", port, post("Content-Type: application/json\r\n", body));
   EXPECT_EQ(r.first, 401) << r.second;
   // A cross-origin form post (the browser would add the cookie only were it not Strict).
-  r = RequestFrom("127.0.0.1", port,
-                  post("Origin: http://evil.example\r\nContent-Type: application/x-www-form-urlencoded\r\n" + cookie,
-                       "id=" + fpr));
+  r = RequestFrom(
+      "127.0.0.1", port,
+      post("Origin: http://evil.example\r\nContent-Type: application/x-www-form-urlencoded\r\n" + cookie, "id=" + fpr));
   EXPECT_EQ(r.first, 415) << r.second;
-  r = RequestFrom("127.0.0.1", port, post("Origin: http://evil.example\r\nContent-Type: application/json\r\n" + cookie, body));
+  r = RequestFrom("127.0.0.1", port,
+                  post("Origin: http://evil.example\r\nContent-Type: application/json\r\n" + cookie, body));
   EXPECT_EQ(r.first, 403) << r.second;
   // A forged Host (DNS rebinding), with the secret even.
   r = RequestFrom("127.0.0.1", port,
                   "POST /api/approve HTTP/1.1\r\nHost: evil.example:" + std::to_string(port) +
-                      "\r\nContent-Type: application/json\r\n" + cookie + "Content-Length: " + std::to_string(body.size()) +
-                      "\r\n\r\n" + body);
+                      "\r\nContent-Type: application/json\r\n" + cookie +
+                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
   EXPECT_EQ(r.first, 403) << r.second;
   EXPECT_TRUE(pending()) << "a refused request approved the device";
   // The OpenAI API without --api-key: this machine, not another address.
@@ -940,7 +945,8 @@ TEST(ServeAccess, StrangersThroughThePortAreRefusedAndNoDeviceIsApproved) {
   EXPECT_EQ(r.first, 200) << r.second;
   r = RequestFrom("127.0.0.2", port, "GET /api/state HTTP/1.1\r\nHost: " + hp + "\r\n" + cookie + "\r\n");
   EXPECT_EQ(r.first, 200) << r.second;
-  r = RequestFrom("127.0.0.2", port, post("Origin: http://" + hp + "\r\nContent-Type: application/json\r\n" + cookie, body));
+  r = RequestFrom("127.0.0.2", port,
+                  post("Origin: http://" + hp + "\r\nContent-Type: application/json\r\n" + cookie, body));
   EXPECT_EQ(r.first, 200) << r.second;
   EXPECT_FALSE(pending()) << "the host's approval did not take";
   ::kill(serve.pid(), SIGINT);
@@ -964,13 +970,14 @@ TEST(ServeAudit, TheReleaseBinaryIgnoresTheFaultInjectionVariables) {
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const fs::path tmp = tmpl;
   const int port = e2e::FreePort();
-  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute", "--model",
-                            Stories(), "--stages", "2", "--audit", "1.0"},
+  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute",
+                            "--model", Stories(), "--stages", "2", "--audit", "1.0"},
                            {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
-  Proc node = Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "honest",
-                           "--models-dir", e2e::Models()},
-                          {"DAISY_HOME=" + (tmp / "node").string(), "DAISY_TEST_FLIP_EVERY=1", "DAISY_TEST_HOP_DELAY_MS=1"},
-                          (tmp / "node.log").string());
+  Proc node =
+      Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "honest",
+                   "--models-dir", e2e::Models()},
+                  {"DAISY_HOME=" + (tmp / "node").string(), "DAISY_TEST_FLIP_EVERY=1", "DAISY_TEST_HOP_DELAY_MS=1"},
+                  (tmp / "node.log").string());
   const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
   httplib::Client cli("127.0.0.1", port);
   cli.set_default_headers({{"Cookie", "daisy_admin=" + secret}});  // the host's UI
@@ -980,7 +987,8 @@ TEST(ServeAudit, TheReleaseBinaryIgnoresTheFaultInjectionVariables) {
   auto gen = e2e::RunCli("DAISY_HOME=" + (tmp / "gen").string(),
                          "generate --model " + Stories() + " --prompt '" + prompt + "' -n 20 --json", tmp.string());
   ASSERT_EQ(gen.exit_code, 0) << gen.err;
-  auto r = cli.Post("/api/generate", Json{{"prompt", prompt}, {"max_tokens", 20}, {"verify", true}}.dump(), "application/json");
+  auto r = cli.Post("/api/generate", Json{{"prompt", prompt}, {"max_tokens", 20}, {"verify", true}}.dump(),
+                    "application/json");
   ASSERT_TRUE(r);
   const size_t at = r->body.rfind("event: done\ndata: ");
   ASSERT_NE(at, std::string::npos) << r->body;

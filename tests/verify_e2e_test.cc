@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "daisy/net.h"
-#include "daisy/ring.h"
 #include "daisy/node.h"
+#include "daisy/ring.h"
 #include "e2e_util.h"
 #include "node_faults.h"
 #include "proc_util.h"
@@ -29,8 +29,9 @@ TEST(VerifyE2eTest, RunOnARiggedRingSaysMismatchAndExitsWith3) {
   const fs::path tmp = tmpl;
   const int port = e2e::FreePort();
   const std::string join = "127.0.0.1:" + std::to_string(port);
-  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute", "--name", "serve"},
-                           {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
+  Proc serve = Proc::Spawn(
+      {e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--no-compute", "--name", "serve"},
+      {"DAISY_HOME=" + (tmp / "serve").string()}, (tmp / "serve.log").string());
   // The rigged node, in this process: it asks serve's HTTP API to be admitted, like any node.
   ::setenv("DAISY_HOME", (tmp / "node").c_str(), 1);
   auto rendezvous = net::JoinAddress(join);
@@ -51,9 +52,10 @@ TEST(VerifyE2eTest, RunOnARiggedRingSaysMismatchAndExitsWith3) {
   });
   const std::string log = (tmp / "run.log").string();
   // --stages 2 waits (up to 30 s) for the node to join; its hops come straight back to the head.
-  Proc run = Proc::Spawn({e2e::Bin(), "run", "--join", join, "--json", "--name", "head", "--model", e2e::Models() + "/stories260K",
-                          "--prompt", "Once upon a time", "-n", "40", "--stages", "2", "--verify"},
-                         {"DAISY_HOME=" + (tmp / "head").string()}, log);
+  Proc run = Proc::Spawn(
+      {e2e::Bin(), "run", "--join", join, "--json", "--name", "head", "--model", e2e::Models() + "/stories260K",
+       "--prompt", "Once upon a time", "-n", "40", "--stages", "2", "--verify"},
+      {"DAISY_HOME=" + (tmp / "head").string()}, log);
   const int rc = run.Wait(90);
   stop = true;
   node.join();
@@ -74,10 +76,14 @@ TEST(VerifyE2eTest, RunOnARiggedRingSaysMismatchAndExitsWith3) {
   EXPECT_EQ(j["mismatch_position"], n + 1) << out;
   ASSERT_TRUE(j["mismatch"].is_string()) << out;
   EXPECT_EQ(j["mismatch"].get<std::string>().rfind("ids equal", 0), 0u) << out;
-  EXPECT_EQ(j["verify_message"].get<std::string>().rfind("MISMATCH: position " + std::to_string(n + 1) + " (ids equal", 0), 0u) << out;
+  EXPECT_EQ(
+      j["verify_message"].get<std::string>().rfind("MISMATCH: position " + std::to_string(n + 1) + " (ids equal", 0),
+      0u)
+      << out;
   // The ids are the single-device ids all the same.
   auto gen = e2e::RunCli("DAISY_HOME=" + (tmp / "gen").string(),
-                         "generate --model " + e2e::Models() + "/stories260K --prompt 'Once upon a time' -n 40 --json", tmp.string());
+                         "generate --model " + e2e::Models() + "/stories260K --prompt 'Once upon a time' -n 40 --json",
+                         tmp.string());
   ASSERT_EQ(gen.exit_code, 0) << gen.err;
   EXPECT_EQ(j["ids"], nlohmann::json::parse(gen.out)["ids"]);
   if (!HasFailure()) {

@@ -33,21 +33,47 @@ struct SplitMix64 {
     return z ^ (z >> 31);
   }
   // Uniform in [lo, hi) from 53 random bits (exact double arithmetic on any machine).
-  double Uniform(double lo, double hi) {
-    return lo + (hi - lo) * (static_cast<double>(Next() >> 11) * 0x1p-53);
-  }
+  double Uniform(double lo, double hi) { return lo + (hi - lo) * (static_cast<double>(Next() >> 11) * 0x1p-53); }
   float UniformF(double lo, double hi) { return static_cast<float>(Uniform(lo, hi)); }
   float AnyFloat() { return std::bit_cast<float>(static_cast<uint32_t>(Next() >> 32)); }
 };
 
 std::vector<float> SpecialFloats() {
   const float inf = INFINITY;
-  return {0.0f, -0.0f, 1.0f, -1.0f, inf, -inf, std::bit_cast<float>(0x7fc00000u),
-          std::bit_cast<float>(0xffc00001u), std::bit_cast<float>(0x00000001u),
-          std::bit_cast<float>(0x807fffffu), std::bit_cast<float>(0x00800000u), FLT_MAX,
-          -FLT_MAX, 0.5f, 1e-8f, -1e-8f, 88.72283f, 88.72284f, -87.33655f, -103.97208f,
-          -103.97209f, -104.0f, 89.0f, 0.78539819f, 1.5707964f, 3.1415927f, 6.2831855f,
-          1e6f, -1e6f, 16777216.0f, 1e30f, 9.0f, 10.0f, -10.0f};
+  return {0.0f,
+          -0.0f,
+          1.0f,
+          -1.0f,
+          inf,
+          -inf,
+          std::bit_cast<float>(0x7fc00000u),
+          std::bit_cast<float>(0xffc00001u),
+          std::bit_cast<float>(0x00000001u),
+          std::bit_cast<float>(0x807fffffu),
+          std::bit_cast<float>(0x00800000u),
+          FLT_MAX,
+          -FLT_MAX,
+          0.5f,
+          1e-8f,
+          -1e-8f,
+          88.72283f,
+          88.72284f,
+          -87.33655f,
+          -103.97208f,
+          -103.97209f,
+          -104.0f,
+          89.0f,
+          0.78539819f,
+          1.5707964f,
+          3.1415927f,
+          6.2831855f,
+          1e6f,
+          -1e6f,
+          16777216.0f,
+          1e30f,
+          9.0f,
+          10.0f,
+          -10.0f};
 }
 
 std::string Hex32(float f) {
@@ -101,9 +127,9 @@ std::vector<float> LogInputs(SplitMix64& g) {
   return v;
 }
 std::vector<std::pair<double, double>> PowInputs(SplitMix64& g) {
-  std::vector<std::pair<double, double>> v = {
-      {2.0, 10.0}, {10000.0, -0.5}, {1e6, -1.0}, {0.0, 1.0}, {0.0, -1.0}, {1.0, 1e300},
-      {-2.0, 2.0}, {INFINITY, 2.0}, {INFINITY, -2.0}, {NAN, 1.0}, {3.0, 0.0}, {10.0, 400.0}};
+  std::vector<std::pair<double, double>> v = {{2.0, 10.0},      {10000.0, -0.5}, {1e6, -1.0}, {0.0, 1.0},
+                                              {0.0, -1.0},      {1.0, 1e300},    {-2.0, 2.0}, {INFINITY, 2.0},
+                                              {INFINITY, -2.0}, {NAN, 1.0},      {3.0, 0.0},  {10.0, 400.0}};
   while (v.size() < 1000) {  // RoPE frequencies
     const double theta = std::vector<double>{10000.0, 100000.0, 500000.0, 1e6}[g.Next() % 4];
     const int d = std::vector<int>{8, 64, 128}[g.Next() % 3];
@@ -175,8 +201,8 @@ void Sweep(const char* name, float lo, float hi, F fn, R ref) {
   // Negative floats order their bits by magnitude, so each sign is one bit range.
   if (lo < 0) visit(std::bit_cast<uint32_t>(hi < 0 ? hi : -0.0f), std::bit_cast<uint32_t>(lo));
   if (hi >= 0) visit(std::bit_cast<uint32_t>(lo > 0 ? lo : 0.0f), std::bit_cast<uint32_t>(hi));
-  std::printf("%-5s [%g, %g]: %" PRIu64 " floats, max ulp error %.4f at x = %.9g (%s)\n", name, lo, hi, count,
-              worst, worst_x, Hex32(worst_x).c_str());
+  std::printf("%-5s [%g, %g]: %" PRIu64 " floats, max ulp error %.4f at x = %.9g (%s)\n", name, lo, hi, count, worst,
+              worst_x, Hex32(worst_x).c_str());
   std::fflush(stdout);
 }
 
@@ -201,12 +227,14 @@ void MeasureDouble() {
   }
   for (double theta : {10000.0, 100000.0, 500000.0, 1e6}) {
     for (int d = 2; d <= 256; d += 2) {
-      for (int i = 0; i < d / 2; ++i) wr = std::max(wr, ulp_d(dm::PowD(theta, -2.0 * i / d), std::pow(theta, -2.0 * i / d)));
+      for (int i = 0; i < d / 2; ++i)
+        wr = std::max(wr, ulp_d(dm::PowD(theta, -2.0 * i / d), std::pow(theta, -2.0 * i / d)));
     }
   }
-  std::printf("double ulps: ExpD %.2f (2e7 x in [-708, 709]), LogD %.2f (2e7 normal x), PowD %.2f (2e7 base in "
-              "[1e-3, 1e7], e in [-3, 3]), PowD %.2f (RoPE theta^(-2i/d), d <= 256)\n",
-              we, wl, wp, wr);
+  std::printf(
+      "double ulps: ExpD %.2f (2e7 x in [-708, 709]), LogD %.2f (2e7 normal x), PowD %.2f (2e7 base in "
+      "[1e-3, 1e7], e in [-3, 3]), PowD %.2f (RoPE theta^(-2i/d), d <= 256)\n",
+      we, wl, wp, wr);
 }
 
 int Measure() {

@@ -4,7 +4,6 @@
 //   make_model --preset qwen2.5-0.5b --out /tmp/qwen --shards 2
 //   make_model --preset llama-3.1-8b --out /tmp/llama8b --shards 4 --tokenizer testdata/tokenizers/llama3
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <string>
 
@@ -12,8 +11,9 @@
 
 int main(int argc, char** argv) {
   namespace mm = daisy::modelmaker;
-  CLI::App app{"Writes a deterministic random-weight model folder (config.json, generation_config.json, "
-               "safetensors, optional tokenizer)"};
+  CLI::App app{
+      "Writes a deterministic random-weight model folder (config.json, generation_config.json, "
+      "safetensors, optional tokenizer)"};
   std::string preset, out, dtype = "bf16", vocab;
   mm::MakeOptions options;
   bool list = false;

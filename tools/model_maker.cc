@@ -5,8 +5,6 @@
 // the same order, back to back.
 #include "model_maker.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <bit>
 #include <cstdio>
@@ -14,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace daisy::modelmaker {
@@ -47,7 +46,9 @@ uint16_t ToBF16(float f) {
 // variance 1, from the four 16-bit quarters of one SplitMix64 output at counter `index`
 // of the stream keyed by (seed, FNV-1a of the name). Integer mixing and a few double
 // operations only: the same value on every machine.
-uint64_t StreamKey(uint64_t seed, std::string_view name) { return Mix64(seed ^ Mix64(Fnv1a(name))); }
+uint64_t StreamKey(uint64_t seed, std::string_view name) {
+  return Mix64(seed ^ Mix64(Fnv1a(name)));
+}
 
 float ValueAt(uint64_t key, uint64_t index, float mean, float std) {
   const uint64_t h = Mix64(key + (index + 1) * 0x9e3779b97f4a7c15ull);
@@ -68,7 +69,7 @@ uint16_t ToF16(float f) {
     const uint32_t r = v >> shift, rem = v & ((1u << shift) - 1), half = 1u << (shift - 1);
     return r + ((rem > half || (rem == half && (r & 1u))) ? 1u : 0u);
   };
-  if (mag < 0x38800000u) {  // below 2^-14: a subnormal half, m x 2^-24
+  if (mag < 0x38800000u) {               // below 2^-14: a subnormal half, m x 2^-24
     if (mag < 0x33000000u) return sign;  // at most 2^-25: rounds to zero
     const int e = static_cast<int>(mag >> 23);
     return sign | static_cast<uint16_t>(round((mag & 0x7fffffu) | 0x800000u, 126 - e));
@@ -77,7 +78,9 @@ uint16_t ToF16(float f) {
   return sign | static_cast<uint16_t>(std::min<uint32_t>(r, 0x7c00u));
 }
 
-size_t ElementSize(WeightDType d) { return d == WeightDType::kF32 ? 4 : 2; }
+size_t ElementSize(WeightDType d) {
+  return d == WeightDType::kF32 ? 4 : 2;
+}
 const char* DTypeString(WeightDType d) {
   return d == WeightDType::kBF16 ? "BF16" : d == WeightDType::kF16 ? "F16" : "F32";
 }
@@ -99,7 +102,7 @@ std::vector<int> AssignShards(const std::vector<TensorPlan>& plan, int n_shards,
   int cur = 0;
   uint64_t in_cur = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
-    const size_t left = plan.size() - i;  // tensors still to place, this one included
+    const size_t left = plan.size() - i;                                  // tensors still to place, this one included
     const bool must_move = static_cast<int>(left) <= n_shards - 1 - cur;  // later shards need one each
     if (in_cur > 0 && cur < n_shards - 1 && (in_cur >= target || must_move)) {
       ++cur;
@@ -169,8 +172,8 @@ Status WriteSafetensors(const fs::path& path, const std::vector<TensorPlan>& pla
   uint64_t offset = 0;
   for (size_t i : which) {
     const uint64_t bytes = plan[i].Elements() * elem;
-    header += ",\"" + plan[i].name + "\":{\"dtype\":\"" + DTypeString(options.dtype) + "\",\"shape\":" +
-              ShapeString(plan[i].shape) + ",\"data_offsets\":[" + std::to_string(offset) + "," +
+    header += ",\"" + plan[i].name + "\":{\"dtype\":\"" + DTypeString(options.dtype) +
+              "\",\"shape\":" + ShapeString(plan[i].shape) + ",\"data_offsets\":[" + std::to_string(offset) + "," +
               std::to_string(offset + bytes) + "]}";
     offset += bytes;
   }
@@ -303,7 +306,6 @@ uint64_t TensorPlan::Elements() const {
   return n;
 }
 
-
 float WeightValue(uint64_t seed, std::string_view name, uint64_t index, float mean, float std) {
   return ValueAt(StreamKey(seed, name), index, mean, std);
 }
@@ -433,7 +435,8 @@ Result<ModelShape> ResolveShape(const ModelShape& shape, const MakeOptions& opti
   }
   if (options.n_layers > 0) s.n_layers = options.n_layers;
   if (options.vocab == MakeOptions::kVocabFromTokenizer) {
-    if (options.tokenizer_dir.empty()) return InvalidArgument("the vocabulary size from the tokenizer needs a tokenizer folder");
+    if (options.tokenizer_dir.empty())
+      return InvalidArgument("the vocabulary size from the tokenizer needs a tokenizer folder");
     DAISY_ASSIGN_OR_RETURN(s.vocab, TokenizerVocabSize((fs::path(options.tokenizer_dir) / "tokenizer.json").string()));
   } else if (options.vocab > 0) {
     s.vocab = options.vocab;
@@ -494,7 +497,8 @@ std::vector<TensorPlan> PlanTensors(const ModelShape& s) {
     add("transformer.ln_f.bias", {h}, 0, bias_std);
     if (!s.tied) add("lm_head.weight", {v, h}, 0, w_std);
   } else {
-    const int64_t q = static_cast<int64_t>(s.n_heads) * s.head_dim, kv = static_cast<int64_t>(s.n_kv_heads) * s.head_dim;
+    const int64_t q = static_cast<int64_t>(s.n_heads) * s.head_dim,
+                  kv = static_cast<int64_t>(s.n_kv_heads) * s.head_dim;
     add("model.embed_tokens.weight", {v, h}, 0, w_std);  // (vocab, hidden)
     for (int l = 0; l < s.n_layers; ++l) {
       const std::string pre = "model.layers." + std::to_string(l) + ".";

@@ -24,7 +24,7 @@ struct ModelShape {
   std::string model_type;    // "llama", "qwen2", "mistral", "gpt2"
   Naming naming = Naming::kLlama;
   int hidden = 0;
-  int intermediate = 0;      // GPT-2: 4 * hidden
+  int intermediate = 0;  // GPT-2: 4 * hidden
   int n_layers = 0;
   int n_heads = 0;
   int n_kv_heads = 0;
@@ -34,15 +34,15 @@ struct ModelShape {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tied = true;
-  bool qkv_bias = false;     // Qwen2 q/k/v biases (GPT-2 always has biases)
-  int bos_id = 1;            // -1: vocab - 1 (GPT-2's <|endoftext|> is the last id)
+  bool qkv_bias = false;           // Qwen2 q/k/v biases (GPT-2 always has biases)
+  int bos_id = 1;                  // -1: vocab - 1 (GPT-2's <|endoftext|> is the last id)
   std::vector<int> eos_ids = {2};  // {-1}: vocab - 1
   // rope_scaling {"rope_type": "llama3", ...} when llama3_factor > 0; null otherwise.
   double llama3_factor = 0;
   double llama3_low_freq_factor = 1.0;
   double llama3_high_freq_factor = 4.0;
   int llama3_original_max_positions = 8192;
-  int sliding_window = 0;    // Mistral: "sliding_window" (every layer); 0 writes null
+  int sliding_window = 0;  // Mistral: "sliding_window" (every layer); 0 writes null
   // Standard deviations of the random values. Real checkpoints' 0.02 makes attention nearly
   // uniform in a tiny model; the reference presets take larger ones so that every feature
   // (a bias, RoPE scaling, the window) moves the logits well above int8 error.
@@ -67,11 +67,11 @@ enum class WeightDType : uint8_t { kBF16, kF32, kF16 };
 struct MakeOptions {
   uint64_t seed = 1;
   WeightDType dtype = WeightDType::kBF16;
-  int n_layers = 0;              // 0: the shape's
-  int n_shards = 1;              // > 1: model-0000i-of-0000N.safetensors + index
-  std::string tokenizer_dir;     // copy tokenizer.json (+ tokenizer_config.json, ...) from here
-  int vocab = 0;                 // 0: the shape's; kVocabFromTokenizer: the tokenizer's size
-                                 // (bos/eos ids beyond a changed vocabulary become its last id)
+  int n_layers = 0;           // 0: the shape's
+  int n_shards = 1;           // > 1: model-0000i-of-0000N.safetensors + index
+  std::string tokenizer_dir;  // copy tokenizer.json (+ tokenizer_config.json, ...) from here
+  int vocab = 0;              // 0: the shape's; kVocabFromTokenizer: the tokenizer's size
+                              // (bos/eos ids beyond a changed vocabulary become its last id)
   static constexpr int kVocabFromTokenizer = -1;
 };
 

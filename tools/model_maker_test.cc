@@ -58,13 +58,15 @@ uint64_t Fnv1a(const std::string& s) {
 }
 
 // Asserts that a Status is OK and prints it otherwise.
-#define ASSERT_OK(expr)                                   \
-  do {                                                    \
-    const ::daisy::Status st_ = (expr);                   \
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const ::daisy::Status st_ = (expr);                       \
     ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.ToString(); \
   } while (0)
 
-std::string ModelsDir() { return std::getenv("DAISY_MODELS"); }  // set by tests/test_env.cc
+std::string ModelsDir() {
+  return std::getenv("DAISY_MODELS");
+}  // set by tests/test_env.cc
 
 // All tensors of a folder as f32, by name, read through the project's fetch path.
 std::map<std::string, std::vector<float>> ReadAll(const std::string& dir) {
@@ -151,8 +153,8 @@ TEST(ModelMakerTest, FullShapesHaveTheRealParameterCounts) {
     for (const TensorPlan& t : PlanTensors(PresetShape(name))) n += t.Elements();
     return n;
   };
-  EXPECT_EQ(count("smollm-135m"), 134515008u);   // SmolLM2-135M
-  EXPECT_EQ(count("qwen2.5-0.5b"), 494032768u);  // Qwen2.5-0.5B
+  EXPECT_EQ(count("smollm-135m"), 134515008u);    // SmolLM2-135M
+  EXPECT_EQ(count("qwen2.5-0.5b"), 494032768u);   // Qwen2.5-0.5B
   EXPECT_EQ(count("llama-3.1-8b"), 8030261248u);  // Llama-3.1-8B
   EXPECT_EQ(count("mistral-7b"), 7241732096u);    // Mistral-7B-v0.1
   EXPECT_EQ(PresetShape("tiny-llama-30").n_layers, 30);
@@ -169,14 +171,22 @@ TEST(ModelMakerTest, Gpt2UsesTheHuggingFaceNamesAndConv1DLayout) {
   auto index = TensorIndex::Load(**src);
   ASSERT_TRUE(index.ok());
   const std::map<std::string, std::vector<int64_t>> expected = {
-      {"transformer.wte.weight", {512, 64}},          {"transformer.wpe.weight", {256, 64}},
-      {"transformer.h.0.ln_1.weight", {64}},          {"transformer.h.0.ln_1.bias", {64}},
-      {"transformer.h.0.attn.c_attn.weight", {64, 192}}, {"transformer.h.0.attn.c_attn.bias", {192}},
-      {"transformer.h.0.attn.c_proj.weight", {64, 64}},  {"transformer.h.0.attn.c_proj.bias", {64}},
-      {"transformer.h.0.ln_2.weight", {64}},          {"transformer.h.0.ln_2.bias", {64}},
-      {"transformer.h.0.mlp.c_fc.weight", {64, 256}},    {"transformer.h.0.mlp.c_fc.bias", {256}},
-      {"transformer.h.0.mlp.c_proj.weight", {256, 64}},  {"transformer.h.0.mlp.c_proj.bias", {64}},
-      {"transformer.ln_f.weight", {64}},              {"transformer.ln_f.bias", {64}},
+      {"transformer.wte.weight", {512, 64}},
+      {"transformer.wpe.weight", {256, 64}},
+      {"transformer.h.0.ln_1.weight", {64}},
+      {"transformer.h.0.ln_1.bias", {64}},
+      {"transformer.h.0.attn.c_attn.weight", {64, 192}},
+      {"transformer.h.0.attn.c_attn.bias", {192}},
+      {"transformer.h.0.attn.c_proj.weight", {64, 64}},
+      {"transformer.h.0.attn.c_proj.bias", {64}},
+      {"transformer.h.0.ln_2.weight", {64}},
+      {"transformer.h.0.ln_2.bias", {64}},
+      {"transformer.h.0.mlp.c_fc.weight", {64, 256}},
+      {"transformer.h.0.mlp.c_fc.bias", {256}},
+      {"transformer.h.0.mlp.c_proj.weight", {256, 64}},
+      {"transformer.h.0.mlp.c_proj.bias", {64}},
+      {"transformer.ln_f.weight", {64}},
+      {"transformer.ln_f.bias", {64}},
   };
   std::map<std::string, std::vector<int64_t>> got;
   for (const TensorInfo& t : index->tensors()) got[t.name] = t.shape;
@@ -190,7 +200,11 @@ TEST(ModelMakerTest, SafetensorsBytesFollowTheFormat) {
   TempDir dir("format");
   MakeOptions o;
   o.n_layers = 3;
-  ASSERT_OK(MakeModel(PresetShape("qwen2.5-0.5b"), dir.str(), [&] { MakeOptions x = o; x.vocab = 300; return x; }()));
+  ASSERT_OK(MakeModel(PresetShape("qwen2.5-0.5b"), dir.str(), [&] {
+    MakeOptions x = o;
+    x.vocab = 300;
+    return x;
+  }()));
   const std::string bytes = Slurp(dir.path() / "model.safetensors");
   ASSERT_GT(bytes.size(), 8u);
   uint64_t n = 0;
@@ -396,7 +410,8 @@ std::pair<int, long> RunMakeModel(const std::vector<std::string>& args) {
 // embedding alone is 28M floats) stays far below the file's size in memory.
 TEST(ModelMakerTest, CliStreamsTensorsWithBoundedMemory) {
   TempDir dir("cli");
-  const auto [rc, rss_kib] = RunMakeModel({"--preset", "smollm-135m", "--layers", "1", "--dtype", "f32", "--out", dir.str()});
+  const auto [rc, rss_kib] =
+      RunMakeModel({"--preset", "smollm-135m", "--layers", "1", "--dtype", "f32", "--out", dir.str()});
   ASSERT_EQ(rc, 0);
   const uint64_t size = fs::file_size(dir.path() / "model.safetensors");
   EXPECT_GT(size, 110u << 20);

@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--bandwidth") {
       if (!value(&v) || !ParseNumber(v, &bandwidth)) return Usage("--bandwidth needs bytes per second");
     } else if (arg == "--first-byte-delay") {
-      if (!value(&v) || !ParseNumber(v, &first_byte_delay) || first_byte_delay > 600000) return Usage("--first-byte-delay needs milliseconds");
+      if (!value(&v) || !ParseNumber(v, &first_byte_delay) || first_byte_delay > 600000)
+        return Usage("--first-byte-delay needs milliseconds");
     } else {
       return Usage(("unknown argument " + arg).c_str());
     }

@@ -14,21 +14,24 @@ Result<std::unique_ptr<ModelSource>> OpenSourceForCli(const std::string& src, bo
 }
 
 void AddAuditFlags(CLI::App* sub, SessionOptions& session) {
-  sub->add_option("--audit", session.audit_rate,
-                  "Re-run this share of hops (0..1, drawn after each lap) on this device from the stage's own inputs and "
-                  "compare the bits; a stage caught is excluded and the turn replayed (docs/AUDIT.md)")
+  sub->add_option(
+         "--audit", session.audit_rate,
+         "Re-run this share of hops (0..1, drawn after each lap) on this device from the stage's own inputs and "
+         "compare the bits; a stage caught is excluded and the turn replayed (docs/AUDIT.md)")
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--audit-seed", session.audit_seed, "Seed of the audit draw (default: random)");
 }
 
 void AddGenFlags(CLI::App* sub, GenFlags& f) {
-  sub->add_option("-n,--max-tokens", f.max_tokens, "Tokens to generate at most (default 60)")->check(CLI::Range(0, 1 << 20));
+  sub->add_option("-n,--max-tokens", f.max_tokens, "Tokens to generate at most (default 60)")
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--temperature", f.temperature, "Sampling temperature; 0 = greedy (default 0)");
   sub->add_option("--seed", f.seed, "Sampling seed; the draw at each position depends only on it (default 1234)");
   sub->add_option("--top-k", f.top_k, "Keep the k most likely tokens; 0 = off");
   sub->add_option("--top-p", f.top_p, "Nucleus sampling mass; 1 = off");
   sub->add_option("--ctx", f.ctx, "Context length (default: the model's, at most 4096)");
-  sub->add_option("--stop-id", f.stop_ids, "Extra token id that ends generation (repeatable); the model's eos ids always do");
+  sub->add_option("--stop-id", f.stop_ids,
+                  "Extra token id that ends generation (repeatable); the model's eos ids always do");
   sub->add_flag(
       "--no-lookahead", f.no_lookahead,
       "Do not draft: by default each decode step also scores the tokens that followed an earlier occurrence of "

@@ -7,7 +7,6 @@
 
 #include "daisy/generator.h"
 #include "daisy/head.h"
-
 #include "daisy/source.h"
 #include "daisy/status.h"
 

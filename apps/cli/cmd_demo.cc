@@ -44,8 +44,8 @@ std::string FindBundledModel() {
   return "";
 }
 
-pid_t SpawnNode(const std::string& join, const std::string& server_key, const std::string& home, const std::string& name,
-                const std::string& models_dir, const std::string& log) {
+pid_t SpawnNode(const std::string& join, const std::string& server_key, const std::string& home,
+                const std::string& name, const std::string& models_dir, const std::string& log) {
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   ::setenv("DAISY_HOME", home.c_str(), 1);
@@ -54,11 +54,11 @@ pid_t SpawnNode(const std::string& join, const std::string& server_key, const st
   if (out) ::dup2(::fileno(stdout), STDERR_FILENO);
   // A local model is opened by the nodes only if it lies under a folder they allow.
   if (models_dir.empty())
-    ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--server-key", server_key.c_str(), "--name",
-            name.c_str(), static_cast<char*>(nullptr));
+    ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--server-key", server_key.c_str(),
+            "--name", name.c_str(), static_cast<char*>(nullptr));
   else
-    ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--server-key", server_key.c_str(), "--name",
-            name.c_str(), "--models-dir", models_dir.c_str(), static_cast<char*>(nullptr));
+    ::execl("/proc/self/exe", "daisychain", "node", "--join", join.c_str(), "--server-key", server_key.c_str(),
+            "--name", name.c_str(), "--models-dir", models_dir.c_str(), static_cast<char*>(nullptr));
   std::_Exit(127);
 }
 
@@ -90,7 +90,8 @@ int RunDemo(const DemoFlags& f) {
   if (!mux.ok()) return ReportError(mux.status().message());
   const std::string join = "127.0.0.1:" + std::to_string((*mux)->port());
   const std::string server_fpr = net::Fingerprint((*rv)->public_key());
-  std::printf("DaisyChain demo: a rendezvous on %s, %d node processes and this head, on %s\n\n", join.c_str(), f.nodes, model.c_str());
+  std::printf("DaisyChain demo: a rendezvous on %s, %d node processes and this head, on %s\n\n", join.c_str(), f.nodes,
+              model.c_str());
   std::fflush(stdout);
 
   std::error_code ec;
@@ -154,8 +155,10 @@ int RunDemo(const DemoFlags& f) {
 
 DAISY_REGISTER_COMMAND(demo, 90, [](CLI::App& app) -> std::function<int()> {
   auto f = std::make_shared<DemoFlags>();
-  auto* sub = app.add_subcommand("demo", "Everything on this machine: a rendezvous, local nodes and a head on the bundled "
-                                         "model; prints the plan, a story and VERIFIED (ids and bits), or MISMATCH and exit code 3");
+  auto* sub =
+      app.add_subcommand("demo",
+                         "Everything on this machine: a rendezvous, local nodes and a head on the bundled "
+                         "model; prints the plan, a story and VERIFIED (ids and bits), or MISMATCH and exit code 3");
   sub->add_option("--model", f->model, "Model folder or Hub repo (default: the bundled stories260K)");
   sub->add_option("--prompt", f->prompt, "The prompt (default: Once upon a time)");
   sub->add_option("--nodes", f->nodes, "Local node processes (default 3)")->check(CLI::Range(1, 16));

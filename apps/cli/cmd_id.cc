@@ -6,8 +6,8 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "daisy/net.h"
-#include "daisy/ring.h"
 #include "daisy/node.h"
+#include "daisy/ring.h"
 
 namespace daisy::cli {
 namespace {

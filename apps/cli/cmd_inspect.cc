@@ -28,8 +28,10 @@ uint64_t HeldBytes(const TensorIndex& index, const std::vector<std::string>& nam
   for (const auto& n : names) {
     const TensorInfo* t = index.Find(n);
     if (!t) continue;
-    if (t->shape.size() == 2) total += t->Elements() + 4 * static_cast<uint64_t>(t->shape[0]);
-    else total += 4 * t->Elements();
+    if (t->shape.size() == 2)
+      total += t->Elements() + 4 * static_cast<uint64_t>(t->shape[0]);
+    else
+      total += 4 * t->Elements();
   }
   return total;
 }
@@ -90,6 +92,7 @@ int RunInspect(const InspectOptions& o) {
     first += count;
   }
   std::vector<uint64_t> layer_bytes;
+  layer_bytes.reserve(static_cast<size_t>(s.n_layers));
   for (int l = 0; l < s.n_layers; ++l) layer_bytes.push_back(TensorBytes(idx, LayerTensorNames(s, l)));
   std::map<std::string, uint64_t> dtypes;
   for (const auto& t : idx.tensors()) dtypes[std::string(DTypeName(t.dtype))] += t.Elements();
@@ -135,12 +138,13 @@ int RunInspect(const InspectOptions& o) {
 
   std::printf("model         %s (revision %s)\n", (*src)->Describe().c_str(), (*src)->Revision().c_str());
   std::printf("architecture  %s (family %s)\n", s.architecture.c_str(), std::string(FamilyName(s.family)).c_str());
-  std::printf("shape         %d layers, hidden %d, %d heads (%d kv, head_dim %d), intermediate %d, vocab %d, context %d\n",
-              s.n_layers, s.hidden, s.n_heads, s.n_kv_heads, s.head_dim, s.intermediate, s.vocab, s.max_positions);
-  std::printf("blocks        %s eps %g, %s%s, rope theta %g%s%s\n", s.norm == NormType::kRmsNorm ? "RMSNorm" : "LayerNorm",
-              static_cast<double>(s.norm_eps), s.activation == Activation::kSilu ? "SiLU" : "GELU (tanh)",
-              s.gated_mlp ? " gated MLP" : " MLP", s.rope_theta,
-              s.rope_scaling.type == RopeScalingType::kLlama3 ? " (llama3 scaling)" : "",
+  std::printf(
+      "shape         %d layers, hidden %d, %d heads (%d kv, head_dim %d), intermediate %d, vocab %d, context %d\n",
+      s.n_layers, s.hidden, s.n_heads, s.n_kv_heads, s.head_dim, s.intermediate, s.vocab, s.max_positions);
+  std::printf("blocks        %s eps %g, %s%s, rope theta %g%s%s\n",
+              s.norm == NormType::kRmsNorm ? "RMSNorm" : "LayerNorm", static_cast<double>(s.norm_eps),
+              s.activation == Activation::kSilu ? "SiLU" : "GELU (tanh)", s.gated_mlp ? " gated MLP" : " MLP",
+              s.rope_theta, s.rope_scaling.type == RopeScalingType::kLlama3 ? " (llama3 scaling)" : "",
               s.learned_positions ? ", learned positions" : "");
   std::printf("weights       %s%s%s, %s layout%s\n", s.tied_embeddings ? "tied embeddings" : "separate LM head",
               s.qkv_bias ? ", q/k/v bias" : "", s.fused_qkv ? ", fused QKV" : "",
@@ -155,7 +159,8 @@ int RunInspect(const InspectOptions& o) {
     std::printf("tokenizer     %s, %s tokens\n", tok.value("model", std::string("?")).c_str(),
                 tok.contains("vocab") ? std::to_string(tok["vocab"].get<size_t>()).c_str() : "?");
   std::printf("read          %s bytes of headers\n", Grouped(idx.HeaderBytes()).c_str());
-  std::printf("\nplan over %d device%s (even split; the ring planner weighs measured capacity):\n", n, n == 1 ? "" : "s");
+  std::printf("\nplan over %d device%s (even split; the ring planner weighs measured capacity):\n", n,
+              n == 1 ? "" : "s");
   for (const auto& p : plan) {
     std::printf("  device %d %-6s layers [%2d, %2d)  download %10s  hold %10s\n", p["device"].get<int>(),
                 p["role"].get<std::string>().c_str(), p["layers"][0].get<int>(), p["layers"][1].get<int>(),

@@ -6,8 +6,8 @@
 #include "commands.h"
 #include "daisy/kernels.h"
 #include "daisy/net.h"
-#include "daisy/ring.h"
 #include "daisy/node.h"
+#include "daisy/ring.h"
 #include "faults.h"
 #include "ring_common.h"
 
@@ -121,7 +121,8 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--discover-seconds", f->discover_s,
                   "Without --join: how long to listen for rooms announced on this network (default 5)")
       ->check(CLI::Range(0.5, 600.0));
-  sub->add_option("--port", f->port, "Port of this device's inbox (default: any free port)")->check(CLI::Range(0, 65535));
+  sub->add_option("--port", f->port, "Port of this device's inbox (default: any free port)")
+      ->check(CLI::Range(0, 65535));
   sub->add_option("--advertise", f->advertise,
                   "HOST:PORT the other devices are told to send to, when it differs from --host and --port (a relay "
                   "or port forward)");

@@ -10,8 +10,8 @@
 #include "daisy/kernels.h"
 #include "daisy/log.h"
 #include "daisy/net.h"
-#include "daisy/ring.h"
 #include "daisy/node.h"
+#include "daisy/ring.h"
 #include "ring_common.h"
 
 namespace daisy::cli {
@@ -86,7 +86,9 @@ int RunRun(const RunFlags& f) {
     so.plan = *plan;
   }
   o.verify = f.verify;
-  o.on_status = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); };
+  o.on_status = [](std::string_view line) {
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+  };
   if (!f.json) {
     std::printf("%s", f.prompt.c_str());
     o.on_text = [](std::string_view t) {
@@ -104,7 +106,8 @@ int RunRun(const RunFlags& f) {
 
 DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
   auto f = std::make_shared<RunFlags>();
-  auto* sub = app.add_subcommand("run", "Generate from the terminal as the head of a ring (plan, assign, stream, verify)");
+  auto* sub =
+      app.add_subcommand("run", "Generate from the terminal as the head of a ring (plan, assign, stream, verify)");
   sub->add_option("--join", f->join, "HOST:PORT of `daisychain serve`")->required();
   sub->add_option("--model", f->model, "Local folder or Hub repo id owner/name[@revision]")->required();
   sub->add_option("--prompt", f->prompt, "The prompt text")->required();
@@ -112,7 +115,9 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--server-key", f->server_key,
                   "Fingerprint of the server's key, as `daisychain serve` prints it; without it the key is trusted on "
                   "first use and remembered in DAISY_HOME");
-  sub->add_option("--lap-timeout", f->lap_timeout, "Floor of the lap timeout in seconds (default 60); it grows with the plan's estimate for slow models (docs/ARCHITECTURE.md)")
+  sub->add_option("--lap-timeout", f->lap_timeout,
+                  "Floor of the lap timeout in seconds (default 60); it grows with the plan's estimate for slow models "
+                  "(docs/ARCHITECTURE.md)")
       ->check(CLI::Range(1.0, 3600.0));
   sub->add_option("--name", f->name, "Name of this device (default: the host name)");
   sub->add_option("--host", f->host, "Address the stages reach this device at (default 127.0.0.1)");

@@ -21,8 +21,8 @@
 #include "daisy/head.h"
 #include "daisy/log.h"
 #include "daisy/net.h"
-#include "daisy/ring.h"
 #include "daisy/node.h"
+#include "daisy/ring.h"
 #include "daisy/server.h"
 #include "faults.h"
 #include "ring_common.h"
@@ -123,7 +123,8 @@ int RunServe(const ServeFlags& f) {
   if (!session.ok()) return ReportError("cannot start the head: " + session.status().message());
 
   const std::string public_hp = f.host + ":" + std::to_string(f.port);
-  const std::string join_line = "daisychain node --join " + public_hp + " --room " + f.room + " --server-key " + server_fpr;
+  const std::string join_line =
+      "daisychain node --join " + public_hp + " --room " + f.room + " --server-key " + server_fpr;
   ServerOptions sv;
   sv.default_stages = f.stages;
   sv.host = "127.0.0.1";
@@ -225,7 +226,8 @@ int RunServe(const ServeFlags& f) {
   std::fprintf(stderr, "rendezvous on %s, room '%s'\n", public_hp.c_str(), f.room.c_str());
   std::fprintf(stderr, "server key fingerprint: %s\n", server_fpr.c_str());
   std::fprintf(stderr, "devices join with:  %s\n", join_line.c_str());
-  std::fprintf(stderr, "a head runs with:   daisychain run --join %s --room %s --server-key %s --model SRC --prompt TEXT\n",
+  std::fprintf(stderr,
+               "a head runs with:   daisychain run --join %s --room %s --server-key %s --model SRC --prompt TEXT\n",
                public_hp.c_str(), f.room.c_str(), server_fpr.c_str());
   if (f.auto_approve)
     std::fprintf(stderr,
@@ -260,8 +262,8 @@ int RunServe(const ServeFlags& f) {
           if (!st.ok()) std::fprintf(stderr, "%s\n", st.message().c_str());
         } else if (line == "pending") {
           for (const auto& p : rvp->Pending())
-            std::fprintf(stderr, "  %s  %s  room '%s'  from %s\n", p.fingerprint.c_str(), p.name.c_str(), p.room.c_str(),
-                         p.source.c_str());
+            std::fprintf(stderr, "  %s  %s  room '%s'  from %s\n", p.fingerprint.c_str(), p.name.c_str(),
+                         p.room.c_str(), p.source.c_str());
         } else if (!line.empty()) {
           std::fprintf(stderr, "commands: approve FINGERPRINT (a unique prefix is enough), pending\n");
         }
@@ -291,17 +293,22 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
                                  "compute device) until Ctrl-C");
   sub->add_option("--port", f->port, "Port of the web UI, the API and the rendezvous (default 8788)")
       ->check(CLI::Range(1, 65535));
-  sub->add_option("--host", f->host, "Address to listen on and that devices reach this one at (default 127.0.0.1; any other serves the port to the network, with a warning: the UI then answers only the admin secret, the API only --api-key)");
+  sub->add_option(
+      "--host", f->host,
+      "Address to listen on and that devices reach this one at (default 127.0.0.1; any other serves the port to the "
+      "network, with a warning: the UI then answers only the admin secret, the API only --api-key)");
   sub->add_option("--room", f->room, "Room code (default: default)");
   sub->add_option("--name", f->name, "Name of this device (default: the host name)");
   sub->add_option("--model", f->model, "Load this model at start (local folder or Hub repo id owner/name[@revision])");
   sub->add_option("--ctx", f->ctx, "Context length for --model (default: the model's, at most 4096)")
       ->check(CLI::Range(0, 1 << 24));
-  sub->add_flag("--auto-approve", f->auto_approve, "Admit every device that asks, whatever its key (demos and tests only)");
+  sub->add_flag("--auto-approve", f->auto_approve,
+                "Admit every device that asks, whatever its key (demos and tests only)");
   sub->add_option("--approve", f->approve,
                   "Admit the device with this key fingerprint when it asks (repeatable; `daisychain id` on that device "
                   "prints it)");
-  sub->add_option("--stages", f->stages, "Split turns over exactly N devices (head included) unless a request says otherwise; 0: automatic")
+  sub->add_option("--stages", f->stages,
+                  "Split turns over exactly N devices (head included) unless a request says otherwise; 0: automatic")
       ->check(CLI::Range(0, 64));
   AddAuditFlags(sub, f->session);
   sub->add_option("--models-dir", f->models_dirs,

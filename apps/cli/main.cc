@@ -29,8 +29,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "daisychain 0.1.0");
   auto entries = CommandRegistry();
-  std::sort(entries.begin(), entries.end(),
-            [](const auto& a, const auto& b) { return a.order < b.order; });
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
   std::map<CLI::App*, std::function<int()>> runners;
   for (auto& e : entries) {
     auto run = e.setup(app);

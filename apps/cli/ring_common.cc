@@ -15,7 +15,9 @@ std::atomic<bool>& StopRequested() {
 }
 
 namespace {
-void OnSignal(int) { StopRequested().store(true); }
+void OnSignal(int) {
+  StopRequested().store(true);
+}
 }  // namespace
 
 void InstallStopSignals() {
@@ -97,8 +99,9 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
               static_cast<long long>(r.laps), r.accepted, r.drafted,
               r.replays ? ", replayed once after a stage dropped" : "");
   if (r.audited_hops > 0)
-    std::printf("audit: %lld hop(s) drawn, %lld re-run and compared bit for bit%s\n", static_cast<long long>(r.audited_hops),
-                static_cast<long long>(r.recomputed_hops), r.audit_failures.empty() ? ", all exact" : "");
+    std::printf("audit: %lld hop(s) drawn, %lld re-run and compared bit for bit%s\n",
+                static_cast<long long>(r.audited_hops), static_cast<long long>(r.recomputed_hops),
+                r.audit_failures.empty() ? ", all exact" : "");
   for (const auto& f : r.audit_failures) std::printf("%s\n", f.c_str());
   for (size_t i = 0; i < r.plan.size(); ++i) {
     const auto& s = r.plan[i];

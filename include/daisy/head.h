@@ -25,13 +25,12 @@
 #include "daisy/model.h"
 #include "daisy/net.h"
 #include "daisy/plan.h"
+#include "daisy/status.h"
 #include "daisy/tokenizer.h"
 #include "daisy/turn_queue.h"
 #include "daisy/wire.h"
-#include "daisy/status.h"
 
 namespace daisy {
-
 
 // One stage's share of a turn, as the stage measured it.
 struct StageLatency {
@@ -53,28 +52,28 @@ struct HeadReport {
   double ready_seconds = 0;  // from planning until every stage held its layers (loads included)
   double prefill_seconds = 0;
   double decode_seconds = 0;
-  double tokens_per_s = 0;      // decode
-  int64_t ring_hops = 0;        // activation messages sent around the ring
-  int64_t ring_positions = 0;   // positions (rows) that went around the ring
-  int reused_positions = 0;     // prompt positions taken from the prefix cache
+  double tokens_per_s = 0;                  // decode
+  int64_t ring_hops = 0;                    // activation messages sent around the ring
+  int64_t ring_positions = 0;               // positions (rows) that went around the ring
+  int reused_positions = 0;                 // prompt positions taken from the prefix cache
   std::vector<StageLatency> stage_latency;  // per stage, head first
   int64_t laps = 0;
-  double lap_seconds = 0;       // wall time inside laps (transport + remote compute)
-  int drafted = 0;              // lookahead: drafted tokens scored in decode laps
-  int accepted = 0;             // ... and kept (each one a lap saved)
+  double lap_seconds = 0;  // wall time inside laps (transport + remote compute)
+  int drafted = 0;         // lookahead: drafted tokens scored in decode laps
+  int accepted = 0;        // ... and kept (each one a lap saved)
   int replays = 0;
-  int64_t audited_hops = 0;     // (lap, stage) pairs drawn for the audit
-  int64_t recomputed_hops = 0;  // hops re-run by the head and compared bit for bit
+  int64_t audited_hops = 0;                 // (lap, stage) pairs drawn for the audit
+  int64_t recomputed_hops = 0;              // hops re-run by the head and compared bit for bit
   std::vector<std::string> audit_failures;  // which stage, which hop
   // Verify: true only when the token ids and, at every step, the bits of the final hidden
   // row and the logits (BLAKE2b digests) equal a single-device run's.
   std::optional<bool> verified;
-  std::string verify_message;   // the VERIFIED line or the first mismatch
-  int verified_steps = 0;       // steps whose digests were compared
+  std::string verify_message;  // the VERIFIED line or the first mismatch
+  int verified_steps = 0;      // steps whose digests were compared
   // The first sequence position whose token differs in id, or was chosen from different
   // bits (the generated token at mismatch_position - prompt_ids.size()); unset when verified.
   std::optional<int> mismatch_position;
-  std::string mismatch;         // "ids differ" | "ids equal, logits differ" | "ids equal, hidden row differs"
+  std::string mismatch;  // "ids differ" | "ids equal, logits differ" | "ids equal, hidden row differs"
   // "whole model" (a second copy of the model on the head) or "stage by stage" (when the
   // whole model does not fit the head's budget: one slice of layers at a time).
   std::string verify_mode;
@@ -83,14 +82,14 @@ struct HeadReport {
 };
 
 struct SessionOptions {
-  std::string rendezvous;               // "tcp://HOST:PORT"
+  std::string rendezvous;  // "tcp://HOST:PORT"
   // How the host admits this head's key (see JoinOptions in node.h): --server-key FPR
   // checks the rendezvous's key; `admission` asks a rendezvous in this process directly.
   std::string server_key;
   std::optional<net::Admission> admission;
   std::string room = "default";
   std::string name;
-  std::string role = "head";            // DeviceId role: one identity per role and home
+  std::string role = "head";  // DeviceId role: one identity per role and home
   std::string bind_host = "127.0.0.1";
   // --max-memory: the head's budget for its own slice and for Verify; unset: MemAvailable
   // (or $DAISY_FREE_MEMORY).
@@ -99,22 +98,22 @@ struct SessionOptions {
   std::vector<std::string> exclude_devices;  // never planned (e.g. serve's own compute node)
   // Timeouts (docs/ARCHITECTURE.md, "Timeouts"). A member is dead when its heartbeats stop
   // (the rendezvous drops it after net::kDeadAfterSeconds), never for being slow.
-  double lap_timeout_s = 60;   // floor of the lap timeout, which scales with the plan's estimate
-  double load_stall_s = 120;   // a stage fetching its layers with no progress this long is given up
-  double busy_wait_s = 600;    // how long a turn waits for another head's turn to end
+  double lap_timeout_s = 60;                     // floor of the lap timeout, which scales with the plan's estimate
+  double load_stall_s = 120;                     // a stage fetching its layers with no progress this long is given up
+  double busy_wait_s = 600;                      // how long a turn waits for another head's turn to end
   double settle_s = net::kDeadAfterSeconds + 1;  // before a replay re-plans: dead members drop out
-  int cache_slots = 4;                  // conversations whose KV each stage keeps
+  int cache_slots = 4;                           // conversations whose KV each stage keeps
   // Lookahead drafting for every turn (GenerateOptions::lookahead; the request's own value
   // is not used): drafts per decode lap at most, 0 = off. Audited turns never draft.
   int lookahead = 0;
-  std::optional<int> stages;            // split over exactly N devices (incl. the head)
-  std::optional<std::vector<int>> plan; // layers per stage, head first
-  double wait_s = 30;                   // how long `stages` waits for devices
-  bool join_at_start = true;            // false: join at the first turn (a bad model fails first)
+  std::optional<int> stages;             // split over exactly N devices (incl. the head)
+  std::optional<std::vector<int>> plan;  // layers per stage, head first
+  double wait_s = 30;                    // how long `stages` waits for devices
+  bool join_at_start = true;             // false: join at the first turn (a bad model fails first)
   // Stage audit: this share of (lap, stage) pairs, drawn after the lap, is re-run on the
   // head from the stage's own inputs and compared bit for bit (docs/ARCHITECTURE.md).
   double audit_rate = 0;
-  uint64_t audit_seed = 0;              // the draw's seed (0: from std::random_device)
+  uint64_t audit_seed = 0;  // the draw's seed (0: from std::random_device)
   // Tests only: the prefix cache keeps this many positions more than the prompt shares with
   // what it cached (a planted bug that Verify must catch). Never set outside tests.
   int test_keep_extra = 0;
@@ -122,11 +121,11 @@ struct SessionOptions {
 
 // The one-shot head of `run` and `demo`: a session for one turn.
 struct HeadOptions {
-  SessionOptions session;               // room, identity, hub, split, audit, timeouts
-  std::string model;                    // SRC
+  SessionOptions session;  // room, identity, hub, split, audit, timeouts
+  std::string model;       // SRC
   std::string prompt;
-  GenerateOptions generate;             // stop ids are added from the model's config
-  int ctx = 0;                          // 0: DefaultContext(spec)
+  GenerateOptions generate;  // stop ids are added from the model's config
+  int ctx = 0;               // 0: DefaultContext(spec)
   bool verify = false;
   std::function<void(std::string_view)> on_text;    // streamed text as tokens arrive
   std::function<void(std::string_view)> on_status;  // plan, progress, re-plans (lines)
@@ -136,8 +135,8 @@ Result<HeadReport> RunHead(const HeadOptions& options);
 
 // What Load read: config, tokenizer and headers only.
 struct ModelView {
-  std::string source;       // as given
-  std::string model_id;     // repo id or local path id
+  std::string source;    // as given
+  std::string model_id;  // repo id or local path id
   std::string revision;
   ModelSpec spec;
   uint64_t parameters = 0;
@@ -156,14 +155,14 @@ struct StageProgress {
 };
 
 struct TurnRequest {
-  std::vector<int32_t> prompt_ids;     // tokenized by the caller (while it waited)
-  GenerateOptions generate;            // the model's stop ids are added
+  std::vector<int32_t> prompt_ids;  // tokenized by the caller (while it waited)
+  GenerateOptions generate;         // the model's stop ids are added
   // Called before every run of this turn (first try, replay, verify) so stateful hooks
   // (JSON mode, stop strings) start fresh each time.
   std::function<void(GenerateOptions&)> fresh_hooks;
   bool verify = false;
-  std::string conversation;            // prefix-cache key; "" = the slot with the longest prefix
-  std::optional<int> stages;           // split over exactly N devices; unset: the session's
+  std::string conversation;   // prefix-cache key; "" = the slot with the longest prefix
+  std::optional<int> stages;  // split over exactly N devices; unset: the session's
   // Each token as it is chosen, with the text it adds (may be empty while a character is
   // incomplete); at the end, id -1 carries any text still held back.
   std::function<void(int32_t id, std::string_view text)> on_token;

@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,7 +33,6 @@
 namespace daisy {
 
 class Tokenizer;
-struct GenerateOptions;  // daisy/generator.h
 
 // A prefix of a JSON object text, fed byte by byte. A value type (about 24 bytes, cheap to
 // copy: checking a candidate token is feeding its bytes to a copy); thread-compatible.
@@ -185,14 +185,24 @@ class JsonMode {
   int TokensToClose() const;
   const JsonTokenTable& table() const { return *table_; }
 
+  // The hooks of a generation loop (GenerateOptions, daisy/generator.h) that JSON mode sets.
+  using ConstrainHook = std::function<void(std::span<float> logits, int tokens_left)>;
+  using StopAfterHook = std::function<bool(int32_t id)>;
+
   // Resets `mode` and installs it as options.constrain and options.stop_after, chained
   // after hooks already there (those run too: constrain first, stop_after on every token).
   // The ids in options.stop_ids are forbidden, so set them first. The hooks notice a new
   // turn (the options reused, the head replaying a turn) when tokens_left does not fall
   // or the object is already complete, and start afresh; a turn that ended open (a stop
   // string, an error) followed by one with a smaller max_tokens is not noticed: call
-  // Install again for it.
-  static void Install(GenerateOptions& options, std::shared_ptr<JsonMode> mode);
+  // Install again for it. A template over the options (a GenerateOptions) because sample
+  // sits below forward, which defines them (docs/ARCHITECTURE.md).
+  template <class Options>
+  static void Install(Options& options, const std::shared_ptr<JsonMode>& mode) {
+    Install(options.stop_ids, options.constrain, options.stop_after, mode);
+  }
+  static void Install(std::span<const int32_t> stop_ids, ConstrainHook& constrain, StopAfterHook& stop_after,
+                      const std::shared_ptr<JsonMode>& mode);
 
  private:
   // The state after `id`, when allowed at all; fits: its closing suffix fits in `budget`.

@@ -24,9 +24,17 @@ LogLevel GetLogLevel();
 void SetLogSink(std::function<void(LogLevel, std::string_view)> sink);
 
 void Log(LogLevel level, std::string_view message);
-inline void LogDebug(std::string_view m) { Log(LogLevel::kDebug, m); }
-inline void LogInfo(std::string_view m) { Log(LogLevel::kInfo, m); }
-inline void LogWarning(std::string_view m) { Log(LogLevel::kWarning, m); }
-inline void LogError(std::string_view m) { Log(LogLevel::kError, m); }
+inline void LogDebug(std::string_view m) {
+  Log(LogLevel::kDebug, m);
+}
+inline void LogInfo(std::string_view m) {
+  Log(LogLevel::kInfo, m);
+}
+inline void LogWarning(std::string_view m) {
+  Log(LogLevel::kWarning, m);
+}
+inline void LogError(std::string_view m) {
+  Log(LogLevel::kError, m);
+}
 
 }  // namespace daisy

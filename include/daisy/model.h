@@ -35,8 +35,8 @@ struct RopeScaling {
 
 struct ModelSpec {
   Family family = Family::kLlama;
-  std::string architecture;   // e.g. "LlamaForCausalLM"
-  std::string model_type;     // e.g. "llama"
+  std::string architecture;  // e.g. "LlamaForCausalLM"
+  std::string model_type;    // e.g. "llama"
   int n_layers = 0;
   int hidden = 0;
   int n_heads = 0;
@@ -53,18 +53,18 @@ struct ModelSpec {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tied_embeddings = false;
-  bool fused_qkv = false;          // GPT-2 c_attn
+  bool fused_qkv = false;  // GPT-2 c_attn
   // Bias presence comes from the tensors (ApplyTensorFacts), not from config flags.
   bool qkv_bias = false;
   bool o_bias = false;
   bool mlp_bias = false;
   WeightLayout layout = WeightLayout::kOutIn;
-  std::string tensor_prefix;       // GPT-2: "transformer." or "" (both layouts exist on the Hub)
+  std::string tensor_prefix;  // GPT-2: "transformer." or "" (both layouts exist on the Hub)
   bool use_sliding_window = false;
-  int sliding_window = 0;          // 0: none
-  int max_window_layers = 0;       // layers >= this use the window (Qwen2)
+  int sliding_window = 0;     // 0: none
+  int max_window_layers = 0;  // layers >= this use the window (Qwen2)
   std::optional<int> bos_id;
-  std::vector<int> eos_ids;        // config.json + generation_config.json
+  std::vector<int> eos_ids;  // config.json + generation_config.json
 };
 
 // Parses config.json. Refuses unknown architectures and rope_scaling types by name.
@@ -101,10 +101,10 @@ struct LayerNames {
 };
 LayerNames NamesForLayer(const ModelSpec& spec, int layer);
 struct HeadNames {
-  std::string embed;        // (vocab, hidden)
-  std::string positions;    // GPT-2 wpe (max_positions, hidden); empty otherwise
+  std::string embed;      // (vocab, hidden)
+  std::string positions;  // GPT-2 wpe (max_positions, hidden); empty otherwise
   std::string final_norm, final_norm_bias;
-  std::string lm_head;      // empty when tied
+  std::string lm_head;  // empty when tied
 };
 HeadNames NamesForHead(const ModelSpec& spec);
 

@@ -162,10 +162,10 @@ inline constexpr double kRendezvousLostSeconds = 6.0;
 struct RendezvousOptions {
   std::string host = "127.0.0.1";
   int port = 8788;
-  bool auto_approve = false;  // every key that asks to join is approved (demos and tests)
+  bool auto_approve = false;                // every key that asks to join is approved (demos and tests)
   double dead_after_s = kDeadAfterSeconds;  // a member silent this long is dropped (heartbeats: 1/s)
-  KeyPair keys;               // the rendezvous's key pair; empty: a fresh one
-  int max_pending = 64;       // join requests waiting for the host at once
+  KeyPair keys;                             // the rendezvous's key pair; empty: a fresh one
+  int max_pending = 64;                     // join requests waiting for the host at once
   // New join requests (keys not seen before) per source address: a burst, then this rate.
   int join_burst = 16;
   double join_per_s = 0.2;
@@ -189,8 +189,8 @@ struct JoinRequest {
   std::string source;
 };
 struct JoinAnswer {
-  bool approved = false;     // false: pending, ask again
-  std::string fingerprint;   // the device's, as the host sees it
+  bool approved = false;    // false: pending, ask again
+  std::string fingerprint;  // the device's, as the host sees it
 };
 struct PendingJoin {
   std::string room;

@@ -40,19 +40,19 @@ class NodeFaults {
 Result<std::string> AllowedModelFolder(const std::string& path, const std::vector<std::string>& allowed_dirs);
 
 struct NodeOptions {
-  std::string role = "node";       // which id under DAISY_HOME this device uses
-  std::string rendezvous;          // "tcp://HOST:PORT"
+  std::string role = "node";  // which id under DAISY_HOME this device uses
+  std::string rendezvous;     // "tcp://HOST:PORT"
   std::string room = "default";
-  std::string name;                // empty: the host name
-  std::string bind_host = "127.0.0.1";  // the address peers reach this device at
-  int port = 0;                    // the inbox's port (0: any free port)
-  std::string advertise;           // "HOST:PORT" peers are told to send to ("": the inbox's own)
-  std::string server_key;          // --server-key FPR (see JoinOptions)
+  std::string name;                         // empty: the host name
+  std::string bind_host = "127.0.0.1";      // the address peers reach this device at
+  int port = 0;                             // the inbox's port (0: any free port)
+  std::string advertise;                    // "HOST:PORT" peers are told to send to ("": the inbox's own)
+  std::string server_key;                   // --server-key FPR (see JoinOptions)
   std::optional<net::Admission> admission;  // in-process admission (see JoinOptions)
-  HubOptions hub;                  // this device's own credentials and cache
-  bool print_tokens = true;        // print the token stream as it arrives
+  HubOptions hub;                           // this device's own credentials and cache
+  bool print_tokens = true;                 // print the token stream as it arrives
   const std::atomic<bool>* stop = nullptr;  // stops the loop when it becomes true
-  int cache_slots = 4;             // conversations whose KV this device keeps (prefix cache)
+  int cache_slots = 4;                      // conversations whose KV this device keeps (prefix cache)
   // Local folders an assignment may name (node --models-dir): a folder is opened only if it
   // lies under one of these (see AllowedModelFolder). Empty: Hub repo ids only.
   std::vector<std::string> models_dirs;

@@ -20,16 +20,16 @@ struct DeviceReport {
   uint64_t free_memory = 0;  // the device's memory budget (--max-memory, else MemAvailable), bytes
   uint64_t probe_hash = 0;   // kernels::ProbeHash(); must equal the head's
   std::string backend;
-  std::string address;       // its inbox ("tcp://host:port"), carried into the plan
+  std::string address;  // its inbox ("tcp://host:port"), carried into the plan
 };
 
 // What planning needs to know of the model, independent of any device.
 struct PlanModel {
   int n_layers = 0;
-  uint64_t layer_bytes = 0;        // resident bytes of one layer (int8 weights + KV cache)
-  uint64_t head_bytes = 0;         // the head's extra tensors (embedding, LM head, norms)
-  double layer_cost_gemms = 0;     // one token through one layer, in reference GEMMs
-  uint64_t working_bytes = 0;      // per device, whatever it holds: process, buffers, activations
+  uint64_t layer_bytes = 0;     // resident bytes of one layer (int8 weights + KV cache)
+  uint64_t head_bytes = 0;      // the head's extra tensors (embedding, LM head, norms)
+  double layer_cost_gemms = 0;  // one token through one layer, in reference GEMMs
+  uint64_t working_bytes = 0;   // per device, whatever it holds: process, buffers, activations
 
   // What a device holding `layers` layers (and the head's tensors when `is_head`) needs.
   uint64_t Need(int layers, bool is_head) const {
@@ -46,9 +46,9 @@ inline constexpr uint64_t kProcessBytes = 96ull << 20;
 PlanModel PlanModelFromSpec(const ModelSpec& spec, int ctx, int embed_bytes_per_value = 2);
 
 struct PlanOptions {
-  std::optional<int> stages;                    // split over exactly this many devices
-  std::optional<std::vector<int>> layer_counts; // explicit layers per stage, head first
-  double max_seconds_per_token = 120;           // refuse before any download above this
+  std::optional<int> stages;                     // split over exactly this many devices
+  std::optional<std::vector<int>> layer_counts;  // explicit layers per stage, head first
+  double max_seconds_per_token = 120;            // refuse before any download above this
   // Room the head keeps beside its stage (a verified turn: stage-by-stage Verify's slice and
   // the hidden states), and per layer it holds (that Verify's second KV cache of its layers).
   uint64_t head_reserve_bytes = 0;
@@ -60,10 +60,10 @@ struct StageAssignment {
   std::string device_name;
   int first = 0;  // layers [first, end)
   int end = 0;
-  uint64_t hold_bytes = 0;    // weights and KV cache of its layers (+ the head's tensors)
-  uint64_t need_bytes = 0;    // hold_bytes + working bytes: what its budget must cover
-  uint64_t budget_bytes = 0;  // its budget, as reported
-  std::string address;        // where its hops are sent (the head's: where laps RETURN)
+  uint64_t hold_bytes = 0;      // weights and KV cache of its layers (+ the head's tensors)
+  uint64_t need_bytes = 0;      // hold_bytes + working bytes: what its budget must cover
+  uint64_t budget_bytes = 0;    // its budget, as reported
+  std::string address;          // where its hops are sent (the head's: where laps RETURN)
   uint64_t download_bytes = 0;  // its tensors as stored (the head fills it from the index)
   uint64_t peak_rss_bytes = 0;  // its peak resident set as it last reported it; 0: unknown
 };
@@ -71,7 +71,7 @@ struct StageAssignment {
 struct Plan {
   std::vector<StageAssignment> stages;  // stage 0 is the head
   double est_seconds_per_token = 0;
-  std::vector<std::string> notes;       // devices left out or dropped, and why
+  std::vector<std::string> notes;  // devices left out or dropped, and why
   // A preview that could not be made (HeadSession::PreviewPlan): fits is false and warning
   // says why, so the user sees it before any download.
   bool fits = true;

@@ -89,8 +89,8 @@ Result<std::string> AwaitAdmission(const JoinOptions& options, const net::KeyPai
 
 // One frame from a sender the owner expects, as RoomMember::Receive hands it over.
 struct Incoming {
-  std::string sender;              // the CURVE key that sent it
-  Result<wire::Message> message;   // an error: it did not decode
+  std::string sender;             // the CURVE key that sent it
+  Result<wire::Message> message;  // an error: it did not decode
 };
 
 // A device in a room, head or node alike: its keys and inbox, its hello, its admission by
@@ -108,13 +108,13 @@ class RoomMember {
     std::string log_name = "node";  // how its log lines start
     std::string rendezvous;         // "tcp://HOST:PORT"
     std::string room = "default";
-    std::string server_key;         // --server-key FPR (see JoinOptions)
+    std::string server_key;  // --server-key FPR (see JoinOptions)
     std::optional<net::Admission> admission;
     std::string bind_host = "127.0.0.1";
-    int port = 0;                   // the inbox's port (0: any free port)
-    std::string advertise;          // "HOST:PORT" peers are told to send to ("": the inbox's own)
-    uint32_t capabilities = 0;      // wire::kCap*
-    uint64_t budget = 0;            // memory budget for the hello
+    int port = 0;               // the inbox's port (0: any free port)
+    std::string advertise;      // "HOST:PORT" peers are told to send to ("": the inbox's own)
+    uint32_t capabilities = 0;  // wire::kCap*
+    uint64_t budget = 0;        // memory budget for the hello
     const std::atomic<bool>* stop = nullptr;
     double unreachable_timeout_s = 0;
   };
@@ -140,7 +140,8 @@ class RoomMember {
   // The next frame within timeout_ms: nullopt for none, or for one dropped here (a peer
   // list is applied and returned too). `expects(sender)`: whether a frame that does not
   // decode is reported to the owner (an error in Incoming::message) rather than dropped.
-  Result<std::optional<Incoming>> Receive(int timeout_ms, int hidden, const std::function<bool(const std::string&)>& expects);
+  Result<std::optional<Incoming>> Receive(int timeout_ms, int hidden,
+                                          const std::function<bool(const std::string&)>& expects);
   // Logs a frame the owner refused (rate-limited): "<log_name>: dropped WHAT from key K".
   void Dropped(const std::string& sender, const std::string& what);
   void set_log_name(std::string name) { o_.log_name = std::move(name); }
@@ -194,7 +195,8 @@ struct OutgoingHop {
 };
 // The rows `from_stage` passes on, for turn `seq`: the next stage is plan::Route's (the
 // head's RETURN address at the end of a lap); the payload hash is taken here, last.
-Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash, HiddenStates&& hidden);
+Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash,
+                              HiddenStates&& hidden);
 // The rows an activation carries, at its positions [token_index, token_index + rows).
 // Takes the values out of `activation`; refuses a payload that is not a whole number of rows
 // of width `hidden`.

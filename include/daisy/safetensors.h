@@ -18,7 +18,23 @@
 
 namespace daisy {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF64, kI8, kU8, kI16, kU16, kI32, kU32, kI64, kU64, kBool, kF8E4M3, kF8E5M2 };
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kF64,
+  kI8,
+  kU8,
+  kI16,
+  kU16,
+  kI32,
+  kU32,
+  kI64,
+  kU64,
+  kBool,
+  kF8E4M3,
+  kF8E5M2
+};
 std::string_view DTypeName(DType dtype);
 size_t DTypeSize(DType dtype);
 // Weights may be F32, F16 or BF16; every other recognised dtype is refused by name.
@@ -29,18 +45,18 @@ inline constexpr uint64_t kMaxSafetensorsHeader = 100ull << 20;
 
 struct TensorInfo {
   std::string name;
-  std::string file;            // the .safetensors file holding it
+  std::string file;  // the .safetensors file holding it
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  uint64_t offset = 0;         // absolute byte offset in `file`
-  uint64_t bytes = 0;          // = product(shape) * DTypeSize(dtype)
+  uint64_t offset = 0;  // absolute byte offset in `file`
+  uint64_t bytes = 0;   // = product(shape) * DTypeSize(dtype)
   uint64_t Elements() const;
 };
 
 struct SafetensorsHeader {
   std::string file;
   uint64_t file_size = 0;
-  uint64_t header_len = 0;     // JSON length; data starts at 8 + header_len
+  uint64_t header_len = 0;          // JSON length; data starts at 8 + header_len
   std::vector<TensorInfo> tensors;  // sorted by offset
   std::map<std::string, std::string> metadata;
 };
@@ -80,13 +96,13 @@ class TensorIndex {
   const std::vector<std::string>& files() const { return files_; }
   bool sharded() const { return sharded_; }
   bool AllHeadersLoaded() const;
-  uint64_t ParameterCount() const;   // exact element count over the headers read
+  uint64_t ParameterCount() const;                        // exact element count over the headers read
   uint64_t HeaderBytes() const { return header_bytes_; }  // bytes read for headers so far
 
  private:
   Status AddHeader(SafetensorsHeader header);
   std::vector<TensorInfo> tensors_;
-  std::map<std::string, size_t, std::less<>> by_name_;      // into tensors_
+  std::map<std::string, size_t, std::less<>> by_name_;          // into tensors_
   std::map<std::string, std::string, std::less<>> weight_map_;  // name -> file
   std::vector<std::string> files_;
   std::map<std::string, bool, std::less<>> file_loaded_;
@@ -146,7 +162,6 @@ Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const st
 // forward pass loads through FetchTensorBlocks).
 using TensorSink = std::function<Status(const TensorInfo& info, std::span<const float> values)>;
 Status FetchTensors(ModelSource& source, const TensorIndex& index, const std::vector<std::string>& names,
-                    const TensorSink& sink, const ProgressFn& progress = {},
-                    uint64_t max_gap = kDefaultCoalesceGap);
+                    const TensorSink& sink, const ProgressFn& progress = {}, uint64_t max_gap = kDefaultCoalesceGap);
 
 }  // namespace daisy

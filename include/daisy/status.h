@@ -50,24 +50,48 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {ErrorCode::kInvalidArgument, std::move(m)}; }
-inline Status NotFound(std::string m) { return {ErrorCode::kNotFound, std::move(m)}; }
-inline Status PermissionDenied(std::string m) { return {ErrorCode::kPermissionDenied, std::move(m)}; }
-inline Status Unauthenticated(std::string m) { return {ErrorCode::kUnauthenticated, std::move(m)}; }
-inline Status Unavailable(std::string m) { return {ErrorCode::kUnavailable, std::move(m)}; }
-inline Status DataLoss(std::string m) { return {ErrorCode::kDataLoss, std::move(m)}; }
-inline Status Unimplemented(std::string m) { return {ErrorCode::kUnimplemented, std::move(m)}; }
-inline Status OutOfRange(std::string m) { return {ErrorCode::kOutOfRange, std::move(m)}; }
-inline Status Internal(std::string m) { return {ErrorCode::kInternal, std::move(m)}; }
-inline Status Aborted(std::string m) { return {ErrorCode::kAborted, std::move(m)}; }
-inline Status FailedPrecondition(std::string m) { return {ErrorCode::kFailedPrecondition, std::move(m)}; }
-inline Status ResourceExhausted(std::string m) { return {ErrorCode::kResourceExhausted, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {ErrorCode::kInvalidArgument, std::move(m)};
+}
+inline Status NotFound(std::string m) {
+  return {ErrorCode::kNotFound, std::move(m)};
+}
+inline Status PermissionDenied(std::string m) {
+  return {ErrorCode::kPermissionDenied, std::move(m)};
+}
+inline Status Unauthenticated(std::string m) {
+  return {ErrorCode::kUnauthenticated, std::move(m)};
+}
+inline Status Unavailable(std::string m) {
+  return {ErrorCode::kUnavailable, std::move(m)};
+}
+inline Status DataLoss(std::string m) {
+  return {ErrorCode::kDataLoss, std::move(m)};
+}
+inline Status Unimplemented(std::string m) {
+  return {ErrorCode::kUnimplemented, std::move(m)};
+}
+inline Status OutOfRange(std::string m) {
+  return {ErrorCode::kOutOfRange, std::move(m)};
+}
+inline Status Internal(std::string m) {
+  return {ErrorCode::kInternal, std::move(m)};
+}
+inline Status Aborted(std::string m) {
+  return {ErrorCode::kAborted, std::move(m)};
+}
+inline Status FailedPrecondition(std::string m) {
+  return {ErrorCode::kFailedPrecondition, std::move(m)};
+}
+inline Status ResourceExhausted(std::string m) {
+  return {ErrorCode::kResourceExhausted, std::move(m)};
+}
 
 // Result<T>: a T or a non-OK Status.
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).ok()) v_ = Status(ErrorCode::kInternal, "Bug: Result built from OK status");
   }
@@ -102,16 +126,18 @@ class [[nodiscard]] Result {
 #define DAISY_CONCAT_INNER(a, b) a##b
 #define DAISY_CONCAT(a, b) DAISY_CONCAT_INNER(a, b)
 
-#define DAISY_RETURN_IF_ERROR(expr)               \
-  do {                                            \
-    ::daisy::Status daisy_status_ = (expr);       \
+#define DAISY_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::daisy::Status daisy_status_ = (expr);        \
     if (!daisy_status_.ok()) return daisy_status_; \
   } while (0)
 
+// tmp and lhs are declarations ("auto x"), which parentheses would break.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define DAISY_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                                \
   if (!tmp.ok()) return tmp.status();               \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
-#define DAISY_ASSIGN_OR_RETURN(lhs, expr) \
-  DAISY_ASSIGN_OR_RETURN_IMPL(DAISY_CONCAT(daisy_result_, __LINE__), lhs, expr)
+#define DAISY_ASSIGN_OR_RETURN(lhs, expr) DAISY_ASSIGN_OR_RETURN_IMPL(DAISY_CONCAT(daisy_result_, __LINE__), lhs, expr)

@@ -69,6 +69,7 @@ std::vector<std::string> SplitLines(std::string_view s) {
   while (p < s.size()) {
     size_t nl = 0;
     unsigned char c = static_cast<unsigned char>(s[p]);
+    // NOLINTNEXTLINE(bugprone-branch-clone): one branch per kind of line break, as Python orders them
     if (c == '\r' && p + 1 < s.size() && s[p + 1] == '\n') {
       nl = 2;
     } else if (c == '\n' || c == '\r' || c == '\v' || c == '\f' || (c >= 0x1c && c <= 0x1e)) {
@@ -1368,6 +1369,7 @@ class Renderer {
       DAISY_RETURN_IF_ERROR(st);
       if (reverse && Truthy(*reverse)) std::reverse(order.begin(), order.end());
       std::vector<Value> out;
+      out.reserve(order.size());
       for (size_t k : order) out.push_back(items[k]);
       return Value::MakeList(std::move(out));
     }
@@ -1391,10 +1393,10 @@ class Renderer {
       }
       if (pos.empty() || pos[0].kind != Kind::kString) return Err(line, "map needs a filter name or attribute=");
       const std::string filter = pos[0].s;
-      static const char* kMappable[] = {"abs",    "capitalize", "count",  "d",       "default", "e",
-                                        "escape", "first",      "float",  "int",     "join",    "last",
-                                        "length", "list",       "lower",  "replace", "reverse", "safe",
-                                        "string", "title",      "tojson", "trim",    "upper",   "items"};
+      static const char* const kMappable[] = {"abs",    "capitalize", "count",  "d",       "default", "e",
+                                              "escape", "first",      "float",  "int",     "join",    "last",
+                                              "length", "list",       "lower",  "replace", "reverse", "safe",
+                                              "string", "title",      "tojson", "trim",    "upper",   "items"};
       if (std::none_of(std::begin(kMappable), std::end(kMappable), [&](const char* f) { return filter == f; })) {
         return Refuse(line, "filter '" + filter + "' inside map");
       }

@@ -443,21 +443,21 @@ class Lexer {
 // ---- Parser ------------------------------------------------------------------------------
 
 const std::set<std::string, std::less<>>& SupportedFilters() {
-  static const std::set<std::string, std::less<>> k = {
+  static const std::set<std::string, std::less<>> kFilters = {
       "abs",        "capitalize", "count",  "d",          "default", "e",       "escape", "first",
       "float",      "indent",     "int",    "items",      "join",    "last",    "length", "list",
       "lower",      "map",        "reject", "rejectattr", "replace", "reverse", "safe",   "select",
       "selectattr", "sort",       "string", "title",      "tojson",  "trim",    "unique", "upper"};
-  return k;
+  return kFilters;
 }
 
 const std::set<std::string, std::less<>>& SupportedTests() {
-  static const std::set<std::string, std::less<>> k = {
+  static const std::set<std::string, std::less<>> kTests = {
       "boolean", "callable", "defined",   "divisibleby", "eq",          "equalto",  "even",   "false",
       "float",   "ge",       "gt",        "in",          "integer",     "iterable", "le",     "lower",
       "lt",      "mapping",  "ne",        "none",        "number",      "odd",      "sameas", "sequence",
       "string",  "true",     "undefined", "upper",       "greaterthan", "lessthan"};
-  return k;
+  return kTests;
 }
 
 class Parser {

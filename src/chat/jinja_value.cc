@@ -29,7 +29,7 @@ Value Value::MakeDict(std::vector<std::pair<std::string, Value>> items, bool is_
   Value v = Value::Of(Kind::kDict);
   v.dict = std::make_shared<Dict>();
   v.dict->is_namespace = is_namespace;
-  for (auto& [k, x] : items) v.dict->Set(k, std::move(x));
+  for (auto& item : items) v.dict->Set(item.first, std::move(item.second));
   return v;
 }
 

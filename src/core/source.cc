@@ -53,9 +53,8 @@ class LocalFile final : public ByteSource {
   Result<uint64_t> Size() override { return size_; }
   Status ReadStream(uint64_t offset, uint64_t length, const ChunkSink& sink) override {
     if (offset > size_ || length > size_ - offset)
-      return OutOfRange(name_ + ": read of " + std::to_string(length) + " bytes at offset " +
-                        std::to_string(offset) + " runs past the end of the file (" +
-                        std::to_string(size_) + " bytes)");
+      return OutOfRange(name_ + ": read of " + std::to_string(length) + " bytes at offset " + std::to_string(offset) +
+                        " runs past the end of the file (" + std::to_string(size_) + " bytes)");
     constexpr uint64_t kChunk = 4u << 20;  // bounded buffer: memory does not grow with the read
     std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(kChunk, std::max<uint64_t>(length, 1))));
     uint64_t done = 0;

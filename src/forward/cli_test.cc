@@ -23,8 +23,12 @@ namespace {
 namespace fs = std::filesystem;
 
 // Paths from the environment every test binary gets (tests/test_env.cc).
-std::string Binary() { return std::string(std::getenv("DAISY_BIN_DIR")) + "/apps/cli/daisychain"; }
-std::string Stories() { return std::string(std::getenv("DAISY_MODELS")) + "/stories260K"; }
+std::string Binary() {
+  return std::string(std::getenv("DAISY_BIN_DIR")) + "/apps/cli/daisychain";
+}
+std::string Stories() {
+  return std::string(std::getenv("DAISY_MODELS")) + "/stories260K";
+}
 
 struct Output {
   int exit_code = -1;

@@ -601,14 +601,16 @@ Result<HiddenStates> HeadStage::Hidden(std::span<const int32_t> tokens, int firs
 
 Result<std::vector<float>> HeadStage::Prefill(std::span<const int32_t> tokens, int chunk, int in_flight, int first) {
   if (tokens.empty()) return InvalidArgument("the prompt has no tokens");
-  if (first < 0 || first > kv_.length()) return InvalidArgument("prefill from position " + std::to_string(first) + " leaves a gap in the cache");
+  if (first < 0 || first > kv_.length())
+    return InvalidArgument("prefill from position " + std::to_string(first) + " leaves a gap in the cache");
   const int n = static_cast<int>(tokens.size());
   if (chunk <= 0) chunk = n;
   if (rest_ == nullptr || in_flight <= 1 || chunk >= n) {
     std::vector<float> logits;
     for (int at = 0; at < n; at += chunk) {
       const int len = std::min(chunk, n - at);
-      DAISY_ASSIGN_OR_RETURN(logits, Forward(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), first + at));
+      DAISY_ASSIGN_OR_RETURN(logits,
+                             Forward(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), first + at));
     }
     return logits;
   }
@@ -618,7 +620,8 @@ Result<std::vector<float>> HeadStage::Prefill(std::span<const int32_t> tokens, i
   HiddenStates last;
   for (int at = 0; at < n; at += chunk) {
     const int len = std::min(chunk, n - at);
-    DAISY_ASSIGN_OR_RETURN(HiddenStates h, Local(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), first + at));
+    DAISY_ASSIGN_OR_RETURN(HiddenStates h,
+                           Local(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), first + at));
     outstanding.push_back(h.positions);
     DAISY_RETURN_IF_ERROR(rest_->Submit(std::move(h)));
     while (static_cast<int>(outstanding.size()) >= in_flight || (at + len >= n && !outstanding.empty())) {

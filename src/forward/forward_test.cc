@@ -150,7 +150,7 @@ TEST(Forward, KeysEnterTheCacheAsTwoInt8Terms) {
     // positions not yet written stay zero
     EXPECT_EQ(c.k_res_scale[static_cast<size_t>(n)], 0.0f);
   }
-  EXPECT_GT(with_residual, n * s.n_kv_heads);  // most keys are not exact in one int8 term
+  EXPECT_GT(with_residual, n * s.n_kv_heads);                           // most keys are not exact in one int8 term
   const size_t per_slot = 3 * static_cast<size_t>(s.head_dim) + 3 * 4;  // k, k_res, v + three scales
   EXPECT_EQ(kv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * per_slot);
 }

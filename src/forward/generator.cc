@@ -36,8 +36,8 @@ Result<GenerateResult> Generator::Generate(std::span<const int32_t> prompt, cons
   // there); the last position's logits come back
   auto t0 = std::chrono::steady_clock::now();
   const int chunk = options.prefill_chunk > 0 ? options.prefill_chunk : n_prompt - first;
-  DAISY_ASSIGN_OR_RETURN(std::vector<float> logits,
-                         head_.Prefill(prompt.subspan(static_cast<size_t>(first)), chunk, options.prefill_in_flight, first));
+  DAISY_ASSIGN_OR_RETURN(std::vector<float> logits, head_.Prefill(prompt.subspan(static_cast<size_t>(first)), chunk,
+                                                                  options.prefill_in_flight, first));
   r.prefill_seconds = Seconds(t0);
   // decode: sample the token for position pos, then run it to get the next logits. With
   // drafts, one lap runs the token and the drafts after it; row i of its logits predicts

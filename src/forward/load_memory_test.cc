@@ -71,7 +71,7 @@ TEST_P(LoadMemory, GeneratePeakRssStaysWithinTheBudget) {
   const bool bf16 = GetParam() != modelmaker::WeightDType::kF32;  // BF16 or F16: 2 bytes a value
   const char* tag = GetParam() == modelmaker::WeightDType::kBF16  ? "bf16_"
                     : GetParam() == modelmaker::WeightDType::kF16 ? "f16_"
-                                                                   : "f32_";
+                                                                  : "f32_";
   const fs::path dir =
       fs::path(::testing::TempDir()) / ("daisy_load_memory_" + std::string(tag) + std::to_string(::getpid()));
   // Qwen2 with hidden 256: embedding 151936 x 256 (38.9M values, tied), two small layers.
@@ -114,7 +114,7 @@ INSTANTIATE_TEST_SUITE_P(forward, LoadMemory,
                          [](const auto& info) {
                            return std::string(info.param == modelmaker::WeightDType::kBF16  ? "BF16"
                                               : info.param == modelmaker::WeightDType::kF16 ? "F16"
-                                                                                             : "F32");
+                                                                                            : "F32");
                          });
 
 }  // namespace

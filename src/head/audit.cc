@@ -9,7 +9,9 @@ namespace daisy::head {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 }  // namespace
 
 StageAudit::StageAudit(AuditSetup setup, HeadRoom& room, const Plan& plan, int32_t seq, uint32_t model_hash, int hidden,
@@ -23,7 +25,9 @@ StageAudit::StageAudit(AuditSetup setup, HeadRoom& room, const Plan& plan, int32
       lap_timeout_s_(lap_timeout_s),
       shadows_(plan.stages.size()) {}
 
-void StageAudit::Sent(int32_t position, std::span<const float> rows) { sent_digest_[position] = wire::RowsDigest(rows); }
+void StageAudit::Sent(int32_t position, std::span<const float> rows) {
+  sent_digest_[position] = wire::RowsDigest(rows);
+}
 
 bool StageAudit::Take(const wire::Message& message) {
   const auto* d = std::get_if<wire::HopDigest>(&message);
@@ -113,8 +117,9 @@ Status StageAudit::AfterLap(int32_t token_index, int rows, std::span<const float
     // Its input must be what the previous stage (or the head) sent.
     if (s == 1) {
       if (d.in_digest != sent_digest_[token_index])
-        return Blame(s, token_index,
-                     "reports an input other than the one this head sent it at position " + std::to_string(token_index));
+        return Blame(
+            s, token_index,
+            "reports an input other than the one this head sent it at position " + std::to_string(token_index));
     } else {
       DAISY_RETURN_IF_ERROR(CheckLink(s, token_index, rows, d));
     }
@@ -161,15 +166,16 @@ Status StageAudit::Rerun(int s, int32_t end) {
   if (!sh.kv) sh.kv = std::make_unique<KvCache>(setup_.info->spec, st.first, st.end, setup_.ctx);
   DAISY_ASSIGN_OR_RETURN(wire::AuditData data, AskInputs(s, sh.len, end));
   const size_t rows = static_cast<size_t>(end - sh.len);
-  if (data.values.size() != rows * static_cast<size_t>(hidden_)) return Blame(s, sh.len, "sent audit inputs of the wrong size");
+  if (data.values.size() != rows * static_cast<size_t>(hidden_))
+    return Blame(s, sh.len, "sent audit inputs of the wrong size");
   // The hops in [sh.len, end), in order, each input checked against its digest.
   std::vector<wire::HopDigest> hops;
   const size_t width = static_cast<size_t>(hidden_);
   for (int32_t p = sh.len; p < end;) {
     DAISY_ASSIGN_OR_RETURN(wire::HopDigest d, Digest(s, p));
     if (d.rows <= 0 || p + d.rows > end) return Blame(s, p, "reported hops that do not tile its positions");
-    const auto rows_of =
-        std::span<const float>(data.values).subspan(static_cast<size_t>(p - sh.len) * width, static_cast<size_t>(d.rows) * width);
+    const auto rows_of = std::span<const float>(data.values)
+                             .subspan(static_cast<size_t>(p - sh.len) * width, static_cast<size_t>(d.rows) * width);
     if (wire::RowsDigest(rows_of) != d.in_digest)
       return Blame(s, p, "sent audit inputs that differ from the ones it reported at position " + std::to_string(p));
     hops.push_back(d);
@@ -185,8 +191,9 @@ Status StageAudit::Rerun(int s, int32_t end) {
                                                               static_cast<size_t>(d.rows) * width);
     ++recomputed_;
     if (wire::RowsDigest(out) != d.out_digest)
-      return Blame(s, d.token_index,
-                   "returned wrong bits for its hop at position " + std::to_string(d.token_index) + " (the re-run differs)");
+      return Blame(
+          s, d.token_index,
+          "returned wrong bits for its hop at position " + std::to_string(d.token_index) + " (the re-run differs)");
   }
   sh.len = end;
   return Status::Ok();

@@ -19,7 +19,6 @@
 namespace daisy {
 namespace {
 
-
 class AuditTest : public ::testing::Test {
  protected:
   // A fresh room for each test: node-b flips the lowest bit of every `flip_every`-th hop.
@@ -39,7 +38,9 @@ class AuditTest : public ::testing::Test {
     r.prompt_ids = *(*s)->tokenizer()->Encode(prompt, true);
     r.generate.max_tokens = max_tokens;
     r.verify = true;
-    r.on_status = [](std::string_view line) { std::fprintf(stderr, "  head: %.*s\n", static_cast<int>(line.size()), line.data()); };
+    r.on_status = [](std::string_view line) {
+      std::fprintf(stderr, "  head: %.*s\n", static_cast<int>(line.size()), line.data());
+    };
     auto rep = (*s)->Generate(r);
     EXPECT_TRUE(rep.ok()) << rep.status().message();
     return rep.ok() ? *rep : HeadReport{};
@@ -160,7 +161,8 @@ TEST_F(AuditTest, AMemberThatFloodsGarbageDisturbsNothing) {
     }
     auto f = ep.Receive(100);
     if (!f.ok() || !f->has_value()) continue;
-    if (auto m = wire::Decode(**f); m.ok() && std::holds_alternative<wire::Peers>(*m)) peers = std::get<wire::Peers>(*m);
+    if (auto m = wire::Decode(**f); m.ok() && std::holds_alternative<wire::Peers>(*m))
+      peers = std::get<wire::Peers>(*m);
   }
   ASSERT_TRUE(peers.has_value()) << "the rogue was not let into the room";
   net::ApplyPeerList(ep, rendezvous().public_key(), *peers);
@@ -199,8 +201,13 @@ TEST_F(AuditTest, AMemberThatFloodsGarbageDisturbsNothing) {
         const int32_t seq = static_cast<int32_t>(rng() % 8);
         fake.seq = seq;
         fake.token_index = static_cast<int32_t>(rng() % 8);
-        const std::vector<wire::Message> frames = {wire::ErrorMsg{wire::ErrorKind::kFrame, "rogue says the turn failed"}, wire::Done{seq, wire::FinishReason::kStop, 0, 0},
-                                                   wire::Token{seq, 3, 7}, fake, bogus, *peers};
+        const std::vector<wire::Message> frames = {
+            wire::ErrorMsg{wire::ErrorKind::kFrame, "rogue says the turn failed"},
+            wire::Done{seq, wire::FinishReason::kStop, 0, 0},
+            wire::Token{seq, 3, 7},
+            fake,
+            bogus,
+            *peers};
         if (ep.Send(p.address, junk, 50).ok()) ++sent;
         for (const auto& m : frames)
           if (ep.Send(p.address, m, 50).ok()) ++sent;

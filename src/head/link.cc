@@ -46,13 +46,15 @@ std::optional<Status> NetLink::RingBroken() {
     for (size_t i = 1; i < plan_.stages.size(); ++i)
       if (plan_.stages[i].address == addr) {
         failed_device_ = plan_.stages[i].device_id;
-        return Unavailable("the link to stage " + std::to_string(i) + " (" + plan_.stages[i].device_id.substr(0, 8) +
-                           ") broke: the connection was dropped (a frame that fails authentication is refused by its receiver)");
+        return Unavailable(
+            "the link to stage " + std::to_string(i) + " (" + plan_.stages[i].device_id.substr(0, 8) +
+            ") broke: the connection was dropped (a frame that fails authentication is refused by its receiver)");
       }
   for (size_t i = 1; i < plan_.stages.size(); ++i)
     if (room_.seen_peers() && !room_.Has(plan_.stages[i].device_id)) {
       failed_device_ = plan_.stages[i].device_id;
-      return Unavailable("stage " + std::to_string(i) + " (" + plan_.stages[i].device_id.substr(0, 8) + ") left the ring");
+      return Unavailable("stage " + std::to_string(i) + " (" + plan_.stages[i].device_id.substr(0, 8) +
+                         ") left the ring");
     }
   if (std::string r = room_.TakeRefusal(); !r.empty()) return Unavailable("a returning activation was refused: " + r);
   return std::nullopt;
@@ -93,8 +95,8 @@ Result<HiddenStates> NetLink::Collect() {
     if (audit_) DAISY_RETURN_IF_ERROR(audit_->AfterLap(want, rows->n_tokens(), rows->values));
     return std::move(*rows);
   }
-  return Unavailable("a lap stalled: no activation came back within " + std::to_string(static_cast<int>(lap_timeout_s_)) +
-                     " s");
+  return Unavailable("a lap stalled: no activation came back within " +
+                     std::to_string(static_cast<int>(lap_timeout_s_)) + " s");
 }
 
 }  // namespace daisy::head

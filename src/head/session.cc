@@ -1,15 +1,15 @@
 // The long-lived head: its room, its model, plan previews and the prefix cache's slots
 // (session.h); a turn itself is in turn.cc.
-#include "daisy/head.h"
+#include "session.h"
 
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "daisy/head.h"
 #include "daisy/log.h"
 #include "daisy/memory.h"
-#include "session.h"
 
 namespace daisy {
 
@@ -41,7 +41,8 @@ void HeadSession::Impl::IdleLoop() {
 }
 
 Status HeadSession::Impl::CheckHeld(const TurnQueue::Ticket* held) const {
-  if (held && !turns.Holds(*held)) return FailedPrecondition("Bug: a turn was passed that does not hold this head's ring");
+  if (held && !turns.Holds(*held))
+    return FailedPrecondition("Bug: a turn was passed that does not hold this head's ring");
   return Status::Ok();
 }
 
@@ -85,7 +86,8 @@ Status HeadSession::Impl::WaitForDevices(int want, const std::function<void(cons
   while (count() < want && Since(start) < o.wait_s) room->Poll(100, 0);
   if (count() < want)
     return Unavailable("a split over " + std::to_string(want) + " devices: only " + std::to_string(count()) +
-                       " device(s) in room '" + o.room + "' after " + std::to_string(static_cast<int>(o.wait_s)) + " s");
+                       " device(s) in room '" + o.room + "' after " + std::to_string(static_cast<int>(o.wait_s)) +
+                       " s");
   return Status::Ok();
 }
 
@@ -146,7 +148,8 @@ Result<Plan> HeadSession::Impl::PlanNow(int attempt, std::optional<int> stages_w
   std::vector<std::string> notes;
   for (const auto& p : room->peers()) {
     if (p.hello.device_id == id() || !(p.hello.capabilities & wire::kCapCompute)) continue;
-    if (std::find(o.exclude_devices.begin(), o.exclude_devices.end(), p.hello.device_id) != o.exclude_devices.end()) continue;
+    if (std::find(o.exclude_devices.begin(), o.exclude_devices.end(), p.hello.device_id) != o.exclude_devices.end())
+      continue;
     if (suspects.count(p.hello.device_id)) {
       notes.push_back("left out " + p.hello.name + ": it failed during the last attempt");
       continue;
@@ -167,7 +170,8 @@ Result<Plan> HeadSession::Impl::PlanNow(int attempt, std::optional<int> stages_w
   }
   const PlanModel pm = PlanModelOf(*mi, c);
   if (verify) {
-    po.head_reserve_bytes = pm.layer_bytes + 2ull * static_cast<uint64_t>(c) * static_cast<uint64_t>(spec.hidden) * sizeof(float);
+    po.head_reserve_bytes =
+        pm.layer_bytes + 2ull * static_cast<uint64_t>(c) * static_cast<uint64_t>(spec.hidden) * sizeof(float);
     po.head_reserve_per_layer = pm.layer_bytes - PlanModelOf(*mi, 0).layer_bytes;
   }
   DAISY_ASSIGN_OR_RETURN(Plan plan, MakePlan(pm, devices, po));
@@ -204,7 +208,8 @@ head::HeadSlot& HeadSession::Impl::SlotFor(const TurnRequest& r) {
       }
     }
     if (!best || best_len == 0)
-      best = &NewSlot(XXH64(r.prompt_ids.data(), std::min<size_t>(r.prompt_ids.size(), 16) * sizeof(int32_t), use_clock + 1));
+      best = &NewSlot(
+          XXH64(r.prompt_ids.data(), std::min<size_t>(r.prompt_ids.size(), 16) * sizeof(int32_t), use_clock + 1));
   }
   best->last_used = ++use_clock;
   return *best;
@@ -212,8 +217,9 @@ head::HeadSlot& HeadSession::Impl::SlotFor(const TurnRequest& r) {
 
 head::HeadSlot& HeadSession::Impl::NewSlot(uint64_t key) {
   if (static_cast<int>(slots.size()) >= std::max(1, o.cache_slots)) {
-    auto lru = std::min_element(slots.begin(), slots.end(),
-                                [](const head::HeadSlot& a, const head::HeadSlot& b) { return a.last_used < b.last_used; });
+    auto lru = std::min_element(slots.begin(), slots.end(), [](const head::HeadSlot& a, const head::HeadSlot& b) {
+      return a.last_used < b.last_used;
+    });
     slots.erase(lru);
   }
   slots.push_back(head::HeadSlot{key, nullptr, {}, "", 0});
@@ -261,10 +267,18 @@ Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& op
   return std::unique_ptr<HeadSession>(new HeadSession(std::move(impl)));
 }
 
-const std::string& HeadSession::device_id() const { return impl_->id(); }
-std::vector<wire::Peer> HeadSession::Peers() const { return impl_->room->peers(); }
-TurnQueue& HeadSession::turns() { return impl_->turns; }
-Result<ModelView> HeadSession::Load(const std::string& source, int ctx) { return impl_->Load(source, ctx, nullptr); }
+const std::string& HeadSession::device_id() const {
+  return impl_->id();
+}
+std::vector<wire::Peer> HeadSession::Peers() const {
+  return impl_->room->peers();
+}
+TurnQueue& HeadSession::turns() {
+  return impl_->turns;
+}
+Result<ModelView> HeadSession::Load(const std::string& source, int ctx) {
+  return impl_->Load(source, ctx, nullptr);
+}
 Result<ModelView> HeadSession::Load(const TurnQueue::Ticket& turn, const std::string& source, int ctx) {
   return impl_->Load(source, ctx, &turn);
 }
@@ -276,8 +290,12 @@ std::shared_ptr<const Tokenizer> HeadSession::tokenizer() const {
   std::lock_guard<std::mutex> state(impl_->state_mu);
   return impl_->tokenizer;
 }
-Result<Plan> HeadSession::PreviewPlan(std::optional<int> stages) const { return impl_->PreviewPlan(stages); }
-Result<HeadReport> HeadSession::Generate(const TurnRequest& request) { return impl_->Generate(request, nullptr); }
+Result<Plan> HeadSession::PreviewPlan(std::optional<int> stages) const {
+  return impl_->PreviewPlan(stages);
+}
+Result<HeadReport> HeadSession::Generate(const TurnRequest& request) {
+  return impl_->Generate(request, nullptr);
+}
 Result<HeadReport> HeadSession::Generate(const TurnQueue::Ticket& turn, const TurnRequest& request) {
   return impl_->Generate(request, &turn);
 }

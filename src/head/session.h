@@ -30,7 +30,9 @@ namespace daisy {
 namespace head {
 
 using Clock = std::chrono::steady_clock;
-inline double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+inline double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // The prefix cache on the head: one HeadStage (with its KV) per conversation, and what
 // its cache holds.
@@ -49,12 +51,12 @@ struct TurnState {
   HeadSlot& slot;
   std::vector<int32_t>& emitted;  // ids already streamed: a replay does not stream them again
   int attempt = 0;
-  Plan plan;                      // head first; addresses and download sizes filled
-  std::string sig;                // the plan's signature (the prefix cache keeps only under it)
-  int keep = 0;                   // prompt positions every cache keeps
+  Plan plan;        // head first; addresses and download sizes filled
+  std::string sig;  // the plan's signature (the prefix cache keeps only under it)
+  int keep = 0;     // prompt positions every cache keeps
   uint64_t keep_tag = 0;
   bool audit = false;
-  std::map<int, int32_t> ready;   // stage -> positions it kept
+  std::map<int, int32_t> ready;  // stage -> positions it kept
   Clock::time_point started;
 
   void Say(const std::string& line) const {
@@ -148,7 +150,8 @@ struct HeadSession::Impl {
   // ---- verify.cc ----
   Status Verify(HeadReport& report, const GenerateOptions& gen, const std::function<void(const std::string&)>& say);
   Status VerifyWhole(HeadReport& report, const GenerateOptions& gen);
-  Status VerifyByStages(HeadReport& report, const GenerateOptions& gen, const std::function<void(const std::string&)>& say);
+  Status VerifyByStages(HeadReport& report, const GenerateOptions& gen,
+                        const std::function<void(const std::string&)>& say);
 };
 
 }  // namespace daisy

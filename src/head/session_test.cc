@@ -9,17 +9,16 @@
 #include <filesystem>
 #include <thread>
 
-#include "daisy/head.h"
-#include "daisy/source.h"
-#include "daisy/plan.h"
 #include "daisy/forward.h"
+#include "daisy/head.h"
 #include "daisy/net.h"
 #include "daisy/node.h"
+#include "daisy/plan.h"
+#include "daisy/source.h"
 #include "test_ring.h"
 
 namespace daisy {
 namespace {
-
 
 using test_ring::InProcessRing;
 using test_ring::StoriesModel;
@@ -105,7 +104,8 @@ TEST_F(SessionTest, ASecondTurnReusesThePrefixAndGivesTheFreshIds) {
   EXPECT_LT(t2.ring_positions, fresh.ring_positions);
   EXPECT_EQ(fresh.ring_positions - t2.ring_positions, t2.reused_positions);
   std::printf("positions through the ring: fresh %lld, with the prefix cache %lld (reused %d)\n",
-              static_cast<long long>(fresh.ring_positions), static_cast<long long>(t2.ring_positions), t2.reused_positions);
+              static_cast<long long>(fresh.ring_positions), static_cast<long long>(t2.ring_positions),
+              t2.reused_positions);
 }
 
 TEST_F(SessionTest, TwoChatsDoNotEraseEachOther) {
@@ -220,7 +220,8 @@ TEST_F(SessionTest, AKeptPrefixOffByThreeIsCaught) {
   EXPECT_FALSE(*t2.verified) << t2.verify_message;
   // The first step already reads the wrong keys: the first generated token's bits differ.
   EXPECT_EQ(t2.mismatch_position, static_cast<int>(q.size())) << t2.verify_message;
-  EXPECT_EQ(t2.verify_message.rfind("MISMATCH: position " + std::to_string(q.size()) + " (ids equal, logits differ)", 0), 0u)
+  EXPECT_EQ(
+      t2.verify_message.rfind("MISMATCH: position " + std::to_string(q.size()) + " (ids equal, logits differ)", 0), 0u)
       << t2.verify_message;
   // The same prompt without the planted bug: the same ids, and VERIFIED.
   TurnRequest fresh;

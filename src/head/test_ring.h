@@ -9,27 +9,29 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "daisy/head.h"
 #include "daisy/net.h"
-#include "daisy/ring.h"
 #include "daisy/node.h"
+#include "daisy/ring.h"
 #include "node_faults.h"
 
 namespace daisy::test_ring {
 
-inline std::string StoriesModel() { return std::string(std::getenv("DAISY_MODELS")) + "/stories260K"; }
+inline std::string StoriesModel() {
+  return std::string(std::getenv("DAISY_MODELS")) + "/stories260K";
+}
 
 class InProcessRing {
  public:
   struct NodeSpec {
-    std::string role;       // also its name
-    int flip_every = 0;     // a TestNodeFaults flipping a bit of every Nth hop (0: honest)
+    std::string role;    // also its name
+    int flip_every = 0;  // a TestNodeFaults flipping a bit of every Nth hop (0: honest)
     test::TestNodeFaults::Lie lie = test::TestNodeFaults::Lie::kInOutput;  // where the flip goes
     std::optional<uint64_t> max_memory;  // the node's --max-memory (default: what the OS has)
   };
@@ -55,7 +57,7 @@ class InProcessRing {
           auto id = DeviceId(home_.string(), nodes[i].role);
           if (!id.ok()) return id.status().message();
           const int digit = id->empty() ? -1 : std::stoi(id->substr(0, 1), nullptr, 16);
-          if (digit >= lo && digit < hi && *id > last) {
+          if (digit >= lo && digit<hi&& * id> last) {
             last = *id;
             break;
           }
@@ -73,7 +75,8 @@ class InProcessRing {
     for (const auto& n : nodes) {
       // Made here, not on the thread: it must outlive the node, and Stop joins first.
       test::TestNodeFaults* faults = nullptr;
-      if (n.flip_every > 0) faults = faults_.emplace_back(std::make_unique<test::TestNodeFaults>(n.flip_every, 0, n.lie)).get();
+      if (n.flip_every > 0)
+        faults = faults_.emplace_back(std::make_unique<test::TestNodeFaults>(n.flip_every, 0, n.lie)).get();
       threads_.emplace_back([this, n, faults] {
         NodeOptions o;
         o.role = n.role;

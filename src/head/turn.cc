@@ -40,7 +40,9 @@ std::string PlanSignature(const Plan& plan, int ctx) {
   return sig;
 }
 
-std::string StageName(const Plan& p, size_t i) { return p.stages[i].device_name + ", " + p.stages[i].device_id.substr(0, 8); }
+std::string StageName(const Plan& p, size_t i) {
+  return p.stages[i].device_name + ", " + p.stages[i].device_id.substr(0, 8);
+}
 
 }  // namespace
 
@@ -128,8 +130,9 @@ Status HeadSession::Impl::PlanTurn(TurnState& t) {
   for (size_t i = 0; i < t.plan.stages.size(); ++i) {
     const auto& s = t.plan.stages[i];
     char line[256];
-    std::snprintf(line, sizeof line, "stage %zu: %-24s layers [%2d, %2d)  %8.2f MB%s", i, s.device_name.c_str(), s.first,
-                  s.end, static_cast<double>(s.download_bytes) / 1e6, i == 0 ? "  (head: embedding and LM head too)" : "");
+    std::snprintf(line, sizeof line, "stage %zu: %-24s layers [%2d, %2d)  %8.2f MB%s", i, s.device_name.c_str(),
+                  s.first, s.end, static_cast<double>(s.download_bytes) / 1e6,
+                  i == 0 ? "  (head: embedding and LM head too)" : "");
     t.Say(line);
   }
   if (t.plan.est_seconds_per_token > 0) {
@@ -199,12 +202,13 @@ Status HeadSession::Impl::LoadHeadSlice(TurnState& t) {
     head_weights.reset();
     auto last = Clock::now() - std::chrono::seconds(1);
     const auto& on_progress = t.request.on_progress;
-    DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*source, *info, mine.first, mine.end, true, [&](const TransferProgress& p) {
-      if (on_progress && (Since(last) > 0.25 || p.bytes_done >= p.bytes_total)) {
-        last = Clock::now();
-        on_progress({0, id(), hello().name, std::min(p.bytes_done, p.bytes_total), p.bytes_total});
-      }
-    }));
+    DAISY_ASSIGN_OR_RETURN(
+        StageWeights w, StageWeights::Load(*source, *info, mine.first, mine.end, true, [&](const TransferProgress& p) {
+          if (on_progress && (Since(last) > 0.25 || p.bytes_done >= p.bytes_total)) {
+            last = Clock::now();
+            on_progress({0, id(), hello().name, std::min(p.bytes_done, p.bytes_total), p.bytes_total});
+          }
+        }));
     head_weights = std::make_unique<StageWeights>(std::move(w));
   }
   if (!t.slot.stage || t.slot.stage->ctx() != ctx) {
@@ -272,8 +276,8 @@ Status HeadSession::Impl::GiveUpIfStuck(const TurnState& t, const head::ReadyWai
                          ") left before it was ready: its heartbeats stopped");
     }
   if (w.busy_since && Since(*w.busy_since) > o.busy_wait_s)
-    return Unavailable("the ring stayed busy with another head's turn for " + std::to_string(static_cast<int>(o.busy_wait_s)) +
-                       " s; try again later");
+    return Unavailable("the ring stayed busy with another head's turn for " +
+                       std::to_string(static_cast<int>(o.busy_wait_s)) + " s; try again later");
   for (const auto& [stage, at] : w.last_sign)
     if (!t.ready.count(stage) && Since(at) > o.load_stall_s) {
       suspects.insert(stages[static_cast<size_t>(stage)].device_id);
@@ -335,7 +339,8 @@ Status HeadSession::Impl::RunLaps(TurnState& t, GenerateOptions gen) {
   const double lap_timeout =
       LapTimeout(t.plan.est_seconds_per_token, std::max(gen.prefill_chunk, 1) * std::max(gen.prefill_in_flight, 2));
   head::NetLink link(*room, t.plan, static_cast<int32_t>(turn), model_hash, info->spec.hidden, lap_timeout);
-  if (t.audit) link.EnableAudit({o.audit_rate, &audit_rng, source.get(), info.get(), ctx, &audit_weights, &member->keys()});
+  if (t.audit)
+    link.EnableAudit({o.audit_rate, &audit_rng, source.get(), info.get(), ctx, &audit_weights, &member->keys()});
   t.slot.stage->set_link(stages.size() > 1 ? &link : nullptr);
   struct Unlink {
     HeadStage* s;
@@ -408,12 +413,15 @@ void HeadSession::Impl::Finish(TurnState& t, const GenerateResult& result, const
   // What every stage's cache holds now: the prompt and the generated ids that were fed.
   std::vector<int32_t> fed = report.prompt_ids;
   fed.insert(fed.end(), result.ids.begin(),
-             result.ids.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(result.ids.size(), static_cast<size_t>(result.decode_steps))));
+             result.ids.begin() + static_cast<std::ptrdiff_t>(
+                                      std::min<size_t>(result.ids.size(), static_cast<size_t>(result.decode_steps))));
   const uint64_t tag = IdsTag(fed);
-  const auto reason = result.finish_reason == FinishReason::kStop ? wire::FinishReason::kStop : wire::FinishReason::kLength;
+  const auto reason =
+      result.finish_reason == FinishReason::kStop ? wire::FinishReason::kStop : wire::FinishReason::kLength;
   for (size_t i = 1; i < stages.size(); ++i)
-    (void)member->Send(stages[i].address,
-                       wire::Message(wire::Done{static_cast<int32_t>(turn), reason, static_cast<int32_t>(fed.size()), tag}), 500);
+    (void)member->Send(
+        stages[i].address,
+        wire::Message(wire::Done{static_cast<int32_t>(turn), reason, static_cast<int32_t>(fed.size()), tag}), 500);
   if (t.slot.stage->length() == static_cast<int>(fed.size())) {
     t.slot.ids = std::move(fed);
     t.slot.plan_sig = t.sig;
@@ -445,7 +453,8 @@ void HeadSession::Impl::Finish(TurnState& t, const GenerateResult& result, const
     auto m = room->Poll(20, 0);
     if (!m) continue;
     auto* st = std::get_if<wire::StageStats>(&*m);
-    if (!st || st->seq != static_cast<int32_t>(turn) || st->stage < 1 || static_cast<size_t>(st->stage) >= stages.size())
+    if (!st || st->seq != static_cast<int32_t>(turn) || st->stage < 1 ||
+        static_cast<size_t>(st->stage) >= stages.size())
       continue;
     auto& l = report.stage_latency[static_cast<size_t>(st->stage)];
     if (l.hops == 0) ++got;

@@ -52,8 +52,9 @@ void Compare(HeadReport& report, std::span<const int32_t> a, std::span<const Ste
                               " in both runs) was chosen from logits whose bits differ from the single-device run's";
     } else {
       report.mismatch = "ids equal, hidden row differs";
-      report.verify_message = where + " (ids equal, hidden row differs): the final hidden row that chose " + token + " (" +
-                              IdText(a, k) + " in both runs) differs in its bits from the single-device run's, though the logits agree";
+      report.verify_message =
+          where + " (ids equal, hidden row differs): the final hidden row that chose " + token + " (" + IdText(a, k) +
+          " in both runs) differs in its bits from the single-device run's, though the logits agree";
     }
     return;
   }
@@ -67,12 +68,14 @@ void Compare(HeadReport& report, std::span<const int32_t> a, std::span<const Ste
 Result<HiddenStates> ReplayLink::Run(HiddenStates h) {
   const size_t row = static_cast<size_t>(hidden_);
   const size_t at = static_cast<size_t>(h.positions.front()) * row;
-  if (at + h.values.size() > in_.size() || std::memcmp(in_.data() + at, h.values.data(), h.values.size() * sizeof(float)) != 0) {
+  if (at + h.values.size() > in_.size() ||
+      std::memcmp(in_.data() + at, h.values.data(), h.values.size() * sizeof(float)) != 0) {
     diverged_ = true;
-    return DataLoss("the single-device run left the ring's token sequence at position " + std::to_string(h.positions.front()));
+    return DataLoss("the single-device run left the ring's token sequence at position " +
+                    std::to_string(h.positions.front()));
   }
-  std::copy(out_.begin() + static_cast<std::ptrdiff_t>(at), out_.begin() + static_cast<std::ptrdiff_t>(at + h.values.size()),
-            h.values.begin());
+  std::copy(out_.begin() + static_cast<std::ptrdiff_t>(at),
+            out_.begin() + static_cast<std::ptrdiff_t>(at + h.values.size()), h.values.begin());
   return h;
 }
 
@@ -88,8 +91,9 @@ Status HeadSession::Impl::Verify(HeadReport& report, const GenerateOptions& gen,
     return VerifyWhole(report, gen);
   }
   report.verify_mode = "stage by stage";
-  say("verifying stage by stage: the whole model (" + FormatBytes(whole) + ") does not fit this device's memory budget (" +
-      FormatBytes(budget) + ", " + FormatBytes(HeldNow()) + " held now), so the turn is re-run one slice of layers at a time");
+  say("verifying stage by stage: the whole model (" + FormatBytes(whole) +
+      ") does not fit this device's memory budget (" + FormatBytes(budget) + ", " + FormatBytes(HeldNow()) +
+      " held now), so the turn is re-run one slice of layers at a time");
   return VerifyByStages(report, gen, say);
 }
 
@@ -152,8 +156,8 @@ Status HeadSession::Impl::VerifyByStages(HeadReport& report, const GenerateOptio
   const std::vector<float> first_rows = h.values;
   for (size_t k = 0; k < slices.size(); ++k) {
     const auto [a, b] = slices[k];
-    say("verifying: layers [" + std::to_string(a) + ", " + std::to_string(b) + ") (slice " + std::to_string(k + 1) + " of " +
-        std::to_string(slices.size()) + ") over " + std::to_string(n) + " positions");
+    say("verifying: layers [" + std::to_string(a) + ", " + std::to_string(b) + ") (slice " + std::to_string(k + 1) +
+        " of " + std::to_string(slices.size()) + ") over " + std::to_string(n) + " positions");
     DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*source, *info, a, b, false));
     KvCache kv(spec, a, b, n);
     DAISY_RETURN_IF_ERROR(RunLayers(w, a, b, h, kv));
@@ -168,7 +172,8 @@ Status HeadSession::Impl::VerifyByStages(HeadReport& report, const GenerateOptio
   std::vector<head::StepDigest> single_steps;
   head::DigestSteps(single_gen, single_steps);
   std::vector<int32_t> single_ids;
-  auto single = g.Generate(report.prompt_ids, single_gen, [&](int32_t id, std::span<const float>) { single_ids.push_back(id); });
+  auto single =
+      g.Generate(report.prompt_ids, single_gen, [&](int32_t id, std::span<const float>) { single_ids.push_back(id); });
   if (!single.ok() && !replay.diverged()) return single.status();
   head::Compare(report, report.ids, ring_steps, single_ids, single_steps);
   return Status::Ok();

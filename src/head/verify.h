@@ -33,7 +33,8 @@ void Compare(HeadReport& report, std::span<const int32_t> a, std::span<const Ste
 // (the single-device run chose another token) ends the run as diverged.
 class ReplayLink final : public StageLink {
  public:
-  ReplayLink(const std::vector<float>& in, const std::vector<float>& out, int hidden) : in_(in), out_(out), hidden_(hidden) {}
+  ReplayLink(const std::vector<float>& in, const std::vector<float>& out, int hidden)
+      : in_(in), out_(out), hidden_(hidden) {}
   Result<HiddenStates> Run(HiddenStates h) override;
   bool diverged() const { return diverged_; }
 

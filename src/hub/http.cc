@@ -1,7 +1,5 @@
 #include "http.h"
 
-#include "daisy/hub.h"
-
 #include <curl/curl.h>
 
 #include <algorithm>
@@ -10,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <mutex>
+
+#include "daisy/hub.h"
 
 namespace daisy::hub {
 namespace {
@@ -256,7 +256,8 @@ Result<LanAnswer> LanExchange(const std::string& url, const std::string* post_js
         return Status::Ok();
       },
       [&](std::span<const uint8_t> chunk) {
-        if (answer.body.size() + chunk.size() > (1u << 20)) return DataLoss("the answer from " + url + " is over 1 MiB");
+        if (answer.body.size() + chunk.size() > (1u << 20))
+          return DataLoss("the answer from " + url + " is over 1 MiB");
         answer.body.append(reinterpret_cast<const char*>(chunk.data()), chunk.size());
         return Status::Ok();
       });

@@ -52,8 +52,10 @@ inline void Tile(const int8_t* const* xr, const int8_t* const* wr, int k, int32_
   int t = 0;
   for (; t + 16 <= k; t += 16) {
     // One 64-byte line of the next tile per 16 columns covers its kNr * k bytes. A prefetch
-    // never faults, so `next` may lie past the matrix.
+    // never faults, so `next` may lie past the matrix (an address, not a pointer: pointer
+    // arithmetic past the end would be undefined).
     if constexpr (kPrefetch)
+      // NOLINTNEXTLINE(performance-no-int-to-ptr)
       _mm_prefetch(reinterpret_cast<const char*>(next + static_cast<uintptr_t>(t) * kNr), _MM_HINT_T0);
     step(xr, wr, t);
   }

@@ -62,7 +62,9 @@ inline void Tile(const int8_t* const* xr, const int8_t* const* wr, int k, int32_
 #pragma GCC unroll 4
       for (int r = 0; r < kNr; ++r) {
         sacc[r] = _mm512_dpbusd_epi32(sacc[r], ones, wv[r]);
-        // A prefetch never faults, so `next` may lie past the matrix.
+        // A prefetch never faults, so `next` may lie past the matrix (an address, not a
+        // pointer: pointer arithmetic past the end would be undefined).
+        // NOLINTNEXTLINE(performance-no-int-to-ptr)
         _mm_prefetch(reinterpret_cast<const char*>(next + static_cast<uintptr_t>(t) * kNr + 64 * r), _MM_HINT_T0);
       }
     }

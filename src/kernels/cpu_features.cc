@@ -75,8 +75,8 @@ std::string CpuSupportProblem(Backend backend) {
     case Backend::kAvx2:
     case Backend::kAvx512Vnni: {
 #if defined(DAISY_KERNELS_X86)
-      static const X86Features f = DetectX86();
-      return backend == Backend::kAvx2 ? f.avx2_problem : f.avx512_problem;
+      static const X86Features kFeatures = DetectX86();
+      return backend == Backend::kAvx2 ? kFeatures.avx2_problem : kFeatures.avx512_problem;
 #else
       return "not built for this architecture (x86-64 only)";
 #endif

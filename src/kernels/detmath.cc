@@ -5,8 +5,8 @@
 #include "daisy/detmath.h"
 
 #include <bit>
-#include <cmath>  // std::signbit only (a bit test, not a libm function)
 #include <cfloat>
+#include <cmath>  // std::signbit only (a bit test, not a libm function)
 #include <cstdint>
 #include <limits>
 
@@ -30,17 +30,29 @@ constexpr double kNaNd = std::bit_cast<double>(0x7ff8000000000000ull);
 constexpr float kInff = std::numeric_limits<float>::infinity();
 constexpr double kInfd = std::numeric_limits<double>::infinity();
 
-bool IsNaN(float x) { return x != x; }
-bool IsNaN(double x) { return x != x; }
+bool IsNaN(float x) {
+  return x != x;
+}
+bool IsNaN(double x) {
+  return x != x;
+}
 
 // 2^k as a float, for -126 <= k <= 127 (exact, built from the exponent bits).
-float Pow2f(int k) { return std::bit_cast<float>(static_cast<uint32_t>(k + 127) << 23); }
+float Pow2f(int k) {
+  return std::bit_cast<float>(static_cast<uint32_t>(k + 127) << 23);
+}
 // 2^k as a double, for -1022 <= k <= 1023.
-double Pow2d(int k) { return std::bit_cast<double>(static_cast<uint64_t>(k + 1023) << 52); }
+double Pow2d(int k) {
+  return std::bit_cast<double>(static_cast<uint64_t>(k + 1023) << 52);
+}
 
 // Rounds to the nearest integer, halves away from zero; |t| well inside int range.
-int RoundToInt(float t) { return static_cast<int>(t >= 0 ? t + 0.5f : t - 0.5f); }
-int RoundToInt(double t) { return static_cast<int>(t >= 0 ? t + 0.5 : t - 0.5); }
+int RoundToInt(float t) {
+  return static_cast<int>(t >= 0 ? t + 0.5f : t - 0.5f);
+}
+int RoundToInt(double t) {
+  return static_cast<int>(t >= 0 ? t + 0.5 : t - 0.5);
+}
 
 // p * 2^k for any k in [-160, 160] with a single rounding at the end (two exact steps
 // then one possibly inexact one), so overflow gives inf and underflow a correctly
@@ -69,8 +81,8 @@ float Exp(float x) {
   if (x > 89.0f) return kInff;   // exp(88.7228394) already rounds to inf
   if (x < -104.0f) return 0.0f;  // exp(-103.9721) < 2^-150 rounds to 0
   constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;          // 355/512
-  constexpr float kLn2Lo = -2.12194440e-4f;       // ln2 - kLn2Hi
+  constexpr float kLn2Hi = 0.693359375f;     // 355/512
+  constexpr float kLn2Lo = -2.12194440e-4f;  // ln2 - kLn2Hi
   const int k = RoundToInt(x * kLog2e);
   const float kf = static_cast<float>(k);
   const float r1 = x - kf * kLn2Hi;  // exact
@@ -94,8 +106,8 @@ float Exp(float x) {
 // (truncation below 5e-18 on |r| <= 0.35).
 double ExpD(double x) {
   if (IsNaN(x)) return kNaNd;
-  if (x > 709.8) return kInfd;    // exp(709.7827) is the largest finite double
-  if (x < -745.2) return 0.0;     // below 2^-1075
+  if (x > 709.8) return kInfd;  // exp(709.7827) is the largest finite double
+  if (x < -745.2) return 0.0;   // below 2^-1075
   constexpr double kLog2e = 1.4426950408889634074;
   constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 0x3fe62e42fee00000
   constexpr double kLn2Lo = 1.90821492927058770002e-10;  // 0x3dea39ef35793c76
@@ -103,10 +115,9 @@ double ExpD(double x) {
   const double kd = static_cast<double>(k);
   const double r = (x - kd * kLn2Hi) - kd * kLn2Lo;
   // Coefficients 1/n! for n = 13 down to 2.
-  constexpr double kInvFact[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0,
-                                 1.0 / 3628800.0,    1.0 / 362880.0,    1.0 / 40320.0,
-                                 1.0 / 5040.0,       1.0 / 720.0,       1.0 / 120.0,
-                                 1.0 / 24.0,         1.0 / 6.0,         0.5};
+  constexpr double kInvFact[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                 1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,
+                                 1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,        0.5};
   double p = kInvFact[0];
   for (int i = 1; i < 12; ++i) p = p * r + kInvFact[i];
   const double e = 1.0 + (r + (r * r) * p);
@@ -185,8 +196,7 @@ namespace {
 // up to 31 bits before the binary point): table bit p (bit 0 = MSB of word 0) is the bit
 // of weight 2^-(p - 31). 2/pi = 0.A2F9836E 4E441529 FC2757D1 ... (hex).
 constexpr uint32_t kTwoOverPiBits[] = {
-    0x00000000, 0xA2F9836E, 0x4E441529, 0xFC2757D1, 0xF534DDC0,
-    0xDB629599, 0x3C439041, 0xFE5163AB, 0xDEBBC561,
+    0x00000000, 0xA2F9836E, 0x4E441529, 0xFC2757D1, 0xF534DDC0, 0xDB629599, 0x3C439041, 0xFE5163AB, 0xDEBBC561,
 };
 
 // 32 bits of the table starting at bit `pos` (bit 0 is the MSB of word 0).
@@ -213,8 +223,8 @@ double ReduceLarge(float ax, int* quadrant) {
   const uint64_t lo = m * w2;
   const uint64_t mid = m * w1 + (lo >> 32);
   const uint64_t hi = m * w0 + (mid >> 32);
-  const uint64_t top = (hi << 32) | (mid & 0xffffffffu);  // bits 32..95: 2 int + 62 frac
-  const uint64_t n = (top + (1ull << 61)) >> 62;           // round to nearest (wraps mod 4)
+  const uint64_t top = (hi << 32) | (mid & 0xffffffffu);       // bits 32..95: 2 int + 62 frac
+  const uint64_t n = (top + (1ull << 61)) >> 62;               // round to nearest (wraps mod 4)
   const int64_t frac = static_cast<int64_t>(top - (n << 62));  // in [-2^61, 2^61)
   *quadrant = static_cast<int>(n & 3);
   const double t = static_cast<double>(frac) + static_cast<double>(lo & 0xffffffffu) * 0x1p-32;
@@ -255,13 +265,21 @@ float SinCosAbs(float ax, bool want_cos) {
   int n = 0;
   double r = ax;
   if (ax > 0.785398163397448f) r = ReduceLarge(ax, &n);  // > pi/4 (rounded down to f32)
-  if (want_cos) n += 1;  // cos(y) = sin(y + pi/2)
+  if (want_cos) n += 1;                                  // cos(y) = sin(y + pi/2)
   double v;
   switch (n & 3) {
-    case 0: v = SinPoly(r); break;
-    case 1: v = CosPoly(r); break;
-    case 2: v = -SinPoly(r); break;
-    default: v = -CosPoly(r); break;
+    case 0:
+      v = SinPoly(r);
+      break;
+    case 1:
+      v = CosPoly(r);
+      break;
+    case 2:
+      v = -SinPoly(r);
+      break;
+    default:
+      v = -CosPoly(r);
+      break;
   }
   return static_cast<float>(v);
 }

@@ -32,8 +32,12 @@ constexpr double kLogMaxUlp = 0.51;
 
 constexpr uint32_t kCanonicalNaN = 0x7fc00000u;
 
-uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
-uint64_t Bits(double d) { return std::bit_cast<uint64_t>(d); }
+uint32_t Bits(float f) {
+  return std::bit_cast<uint32_t>(f);
+}
+uint64_t Bits(double d) {
+  return std::bit_cast<uint64_t>(d);
+}
 
 // |got - ref| in units of the f32 ulp at ref (subnormal spacing 2^-149 below 2^-126).
 double UlpError(float got, double ref) {
@@ -99,7 +103,7 @@ TEST(DetMathTest, ExpSpecialValues) {
   EXPECT_EQ(Bits(Exp(NAN)), kCanonicalNaN);
   EXPECT_EQ(Bits(Exp(std::bit_cast<float>(0xffc12345u))), kCanonicalNaN);
   // Overflow exactly where exp(x) rounds past FLT_MAX: ln(FLT_MAX) = 88.7228391...
-  EXPECT_EQ(Exp(std::bit_cast<float>(0x42b17218u)), INFINITY);   // 88.7228394
+  EXPECT_EQ(Exp(std::bit_cast<float>(0x42b17218u)), INFINITY);         // 88.7228394
   EXPECT_TRUE(std::isfinite(Exp(std::bit_cast<float>(0x42b17217u))));  // 88.7228317
   EXPECT_EQ(Exp(1000.0f), INFINITY);
   // Gradual underflow: subnormal results, then 0 below ln(2^-150) = -103.972077.
@@ -138,11 +142,23 @@ TEST(DetMathTest, ExpNEqualsExpBitForBit) {
     check();
   }
   EXPECT_EQ(mismatches, 0u) << "first expected bits " << std::hex << first;
-  const float edges[] = {89.0f, std::nextafter(89.0f, 100.0f), -104.0f, std::nextafter(-104.0f, -200.0f),
-                         88.72283935546875f, -87.33654022216797f, -103.97208f, 0.0f, -0.0f,
-                         std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                         std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0xffc12345u),
-                         std::numeric_limits<float>::denorm_min(), 0.5f, -0.5f, 1e-8f};
+  const float edges[] = {89.0f,
+                         std::nextafter(89.0f, 100.0f),
+                         -104.0f,
+                         std::nextafter(-104.0f, -200.0f),
+                         88.72283935546875f,
+                         -87.33654022216797f,
+                         -103.97208f,
+                         0.0f,
+                         -0.0f,
+                         std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::quiet_NaN(),
+                         std::bit_cast<float>(0xffc12345u),
+                         std::numeric_limits<float>::denorm_min(),
+                         0.5f,
+                         -0.5f,
+                         1e-8f};
   for (size_t len = 1; len <= 19; ++len) {
     row.clear();
     for (size_t i = 0; i < len; ++i) row.push_back(edges[(i + len) % std::size(edges)]);
@@ -270,8 +286,7 @@ TEST(DetMathTest, PowDForRopeFrequencies) {
         worst = std::max(worst, RelErrorD(PowD(theta, e), std::pow(theta, e)));
         // After rounding to f32 the frequency equals the one from the platform libm
         // except where libm itself sits on a rounding boundary (never in this set).
-        EXPECT_EQ(static_cast<float>(PowD(theta, e)), static_cast<float>(std::pow(theta, e)))
-            << theta << "^" << e;
+        EXPECT_EQ(static_cast<float>(PowD(theta, e)), static_cast<float>(std::pow(theta, e))) << theta << "^" << e;
       }
     }
   }
@@ -318,12 +333,18 @@ TEST(DetMathTest, GoldenBitsAreReproduced) {
       ASSERT_FALSE(b.empty()) << "line " << line_no;
       const float x = std::bit_cast<float>(static_cast<uint32_t>(std::stoul(a, nullptr, 16)));
       float y = 0;
-      if (fn == "exp") y = Exp(x);
-      else if (fn == "tanh") y = Tanh(x);
-      else if (fn == "sin") y = Sin(x);
-      else if (fn == "cos") y = Cos(x);
-      else if (fn == "log") y = Log(x);
-      else FAIL() << "unknown function '" << fn << "' on line " << line_no;
+      if (fn == "exp")
+        y = Exp(x);
+      else if (fn == "tanh")
+        y = Tanh(x);
+      else if (fn == "sin")
+        y = Sin(x);
+      else if (fn == "cos")
+        y = Cos(x);
+      else if (fn == "log")
+        y = Log(x);
+      else
+        FAIL() << "unknown function '" << fn << "' on line " << line_no;
       std::snprintf(buf, sizeof buf, "%08" PRIx32, Bits(y));
       got = buf;
       ok = got == b;

@@ -89,9 +89,9 @@ struct Registry {
   // The backend of each ProductShape; read without the lock by every product.
   std::array<std::atomic<uint8_t>, kProductShapes> choice{};
   std::string choice_source;
-  bool forced = false;                  // DAISY_KERNELS or SetBackend: one backend everywhere
-  internal::ShapeTimings timings{};     // what the choice was made from (0: not measured)
-  internal::ShapeTimings measured{};    // this process's own measurement, reused by Reinitialize
+  bool forced = false;                // DAISY_KERNELS or SetBackend: one backend everywhere
+  internal::ShapeTimings timings{};   // what the choice was made from (0: not measured)
+  internal::ShapeTimings measured{};  // this process's own measurement, reused by Reinitialize
   bool have_measured = false;
   std::atomic<int> threads{1};
   std::unique_ptr<ThreadPool> pool;
@@ -257,13 +257,13 @@ void Initialize(Registry& r, const internal::BackendTable& entries) {
 
 // Initialized once, thread-safely, before the first product (function-local static).
 Registry& Reg() {
-  static Registry* const registry = [] {
+  static Registry* const kRegistry = [] {
     auto* r = new Registry;  // never destroyed: products may run during static destruction
     Initialize(*r, internal::LiveEntries());
     pthread_atfork(nullptr, nullptr, &OnForkChild);
     return r;
   }();
-  return *registry;
+  return *kRegistry;
 }
 
 ThreadPool* PoolFor(Registry& r, int n_threads) {
@@ -463,12 +463,14 @@ void ParallelFor(int n_tasks, void (*fn)(void* ctx, int task), void* ctx) {
       void* ctx;
       int t0;
     } off{fn, ctx, t0};
-    PoolFor(r, threads)->Run(std::min(ThreadPool::kMaxTasks, n_tasks - t0),
-                             [](void* c, int t) {
-                               auto* o = static_cast<Offset*>(c);
-                               o->fn(o->ctx, o->t0 + t);
-                             },
-                             &off);
+    PoolFor(r, threads)
+        ->Run(
+            std::min(ThreadPool::kMaxTasks, n_tasks - t0),
+            [](void* c, int t) {
+              auto* o = static_cast<Offset*>(c);
+              o->fn(o->ctx, o->t0 + t);
+            },
+            &off);
   }
 }
 

@@ -1,8 +1,8 @@
 // Throughput figures for `daisychain bench` and the ring planner's capacity.
 #include <algorithm>
 #include <chrono>
-#include <span>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "internal.h"

@@ -72,9 +72,9 @@ void Push(std::vector<std::string>& out, const std::string& s) {
 std::vector<std::string> LayerTensorNames(const ModelSpec& spec, int layer) {
   const LayerNames n = NamesForLayer(spec, layer);
   std::vector<std::string> out;
-  for (const std::string* s : {&n.attn_norm, &n.attn_norm_bias, &n.q, &n.k, &n.v, &n.q_bias, &n.k_bias, &n.v_bias,
-                               &n.o, &n.o_bias, &n.mlp_norm, &n.mlp_norm_bias, &n.gate, &n.up, &n.down, &n.up_bias,
-                               &n.down_bias})
+  for (const std::string* s :
+       {&n.attn_norm, &n.attn_norm_bias, &n.q, &n.k, &n.v, &n.q_bias, &n.k_bias, &n.v_bias, &n.o, &n.o_bias,
+        &n.mlp_norm, &n.mlp_norm_bias, &n.gate, &n.up, &n.down, &n.up_bias, &n.down_bias})
     Push(out, *s);
   return out;
 }
@@ -104,7 +104,7 @@ uint64_t TensorBytes(const TensorIndex& index, const std::vector<std::string>& n
 namespace {
 
 // Checks a tensor's shape when its header has been read.
-Status CheckShape(const TensorIndex& index, const std::string& name, std::vector<int64_t> want) {
+Status CheckShape(const TensorIndex& index, const std::string& name, const std::vector<int64_t>& want) {
   const TensorInfo* t = index.Find(name);
   if (!t) return Status::Ok();
   if (t->shape != want) {
@@ -113,7 +113,8 @@ Status CheckShape(const TensorIndex& index, const std::string& name, std::vector
       for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
       return o + "]";
     };
-    return InvalidArgument("tensor '" + name + "' has shape " + show(t->shape) + " but config.json implies " + show(want));
+    return InvalidArgument("tensor '" + name + "' has shape " + show(t->shape) + " but config.json implies " +
+                           show(want));
   }
   return Status::Ok();
 }
@@ -123,9 +124,12 @@ Status CheckShape(const TensorIndex& index, const std::string& name, std::vector
 Status ApplyTensorFacts(ModelSpec& spec, const TensorIndex& index) {
   if (spec.family == Family::kGpt2) {
     // Both "transformer.h.0..." and "h.0..." layouts exist on the Hub.
-    if (index.Has("transformer.wte.weight")) spec.tensor_prefix = "transformer.";
-    else if (index.Has("wte.weight")) spec.tensor_prefix = "";
-    else return InvalidArgument("GPT-2 model has neither 'transformer.wte.weight' nor 'wte.weight'");
+    if (index.Has("transformer.wte.weight"))
+      spec.tensor_prefix = "transformer.";
+    else if (index.Has("wte.weight"))
+      spec.tensor_prefix = "";
+    else
+      return InvalidArgument("GPT-2 model has neither 'transformer.wte.weight' nor 'wte.weight'");
   } else {
     const std::string p = "model.layers.0.";
     spec.qkv_bias = index.Has(p + "self_attn.q_proj.bias");
@@ -141,36 +145,37 @@ Status ApplyTensorFacts(ModelSpec& spec, const TensorIndex& index) {
   for (const auto& n : StageTensorNames(spec, 0, spec.n_layers, true))
     if (!index.Has(n)) return InvalidArgument("tensor '" + n + "' is missing from the weights");
 
-  const int64_t H = spec.hidden, D = spec.head_dim, I = spec.intermediate, V = spec.vocab;
-  const int64_t q_out = static_cast<int64_t>(spec.n_heads) * D, kv_out = static_cast<int64_t>(spec.n_kv_heads) * D;
+  const int64_t hidden = spec.hidden, head_dim = spec.head_dim, inter = spec.intermediate, vocab = spec.vocab;
+  const int64_t q_out = static_cast<int64_t>(spec.n_heads) * head_dim,
+                kv_out = static_cast<int64_t>(spec.n_kv_heads) * head_dim;
   const HeadNames h = NamesForHead(spec);
-  DAISY_RETURN_IF_ERROR(CheckShape(index, h.embed, {V, H}));
-  if (!h.lm_head.empty()) DAISY_RETURN_IF_ERROR(CheckShape(index, h.lm_head, {V, H}));
-  DAISY_RETURN_IF_ERROR(CheckShape(index, h.final_norm, {H}));
-  if (!h.positions.empty()) DAISY_RETURN_IF_ERROR(CheckShape(index, h.positions, {spec.max_positions, H}));
+  DAISY_RETURN_IF_ERROR(CheckShape(index, h.embed, {vocab, hidden}));
+  if (!h.lm_head.empty()) DAISY_RETURN_IF_ERROR(CheckShape(index, h.lm_head, {vocab, hidden}));
+  DAISY_RETURN_IF_ERROR(CheckShape(index, h.final_norm, {hidden}));
+  if (!h.positions.empty()) DAISY_RETURN_IF_ERROR(CheckShape(index, h.positions, {spec.max_positions, hidden}));
   for (int l = 0; l < spec.n_layers; ++l) {
     const LayerNames n = NamesForLayer(spec, l);
-    DAISY_RETURN_IF_ERROR(CheckShape(index, n.attn_norm, {H}));
-    DAISY_RETURN_IF_ERROR(CheckShape(index, n.mlp_norm, {H}));
+    DAISY_RETURN_IF_ERROR(CheckShape(index, n.attn_norm, {hidden}));
+    DAISY_RETURN_IF_ERROR(CheckShape(index, n.mlp_norm, {hidden}));
     if (spec.family == Family::kLlama) {
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.q, {q_out, H}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.k, {kv_out, H}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.v, {kv_out, H}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.o, {H, q_out}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.gate, {I, H}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.up, {I, H}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.down, {H, I}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.q, {q_out, hidden}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.k, {kv_out, hidden}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.v, {kv_out, hidden}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.o, {hidden, q_out}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.gate, {inter, hidden}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.up, {inter, hidden}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.down, {hidden, inter}));
       if (spec.qkv_bias) {
         DAISY_RETURN_IF_ERROR(CheckShape(index, n.q_bias, {q_out}));
         DAISY_RETURN_IF_ERROR(CheckShape(index, n.k_bias, {kv_out}));
         DAISY_RETURN_IF_ERROR(CheckShape(index, n.v_bias, {kv_out}));
       }
     } else {  // Conv1D layout: (in, out)
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.q, {H, 3 * H}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.q_bias, {3 * H}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.o, {H, H}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.up, {H, I}));
-      DAISY_RETURN_IF_ERROR(CheckShape(index, n.down, {I, H}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.q, {hidden, 3 * hidden}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.q_bias, {3 * hidden}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.o, {hidden, hidden}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.up, {hidden, inter}));
+      DAISY_RETURN_IF_ERROR(CheckShape(index, n.down, {inter, hidden}));
     }
   }
   return Status::Ok();

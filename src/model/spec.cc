@@ -11,16 +11,17 @@ using nlohmann::json;
 
 std::string_view FamilyName(Family f) {
   switch (f) {
-    case Family::kLlama: return "llama";
-    case Family::kGpt2: return "gpt2";
+    case Family::kLlama:
+      return "llama";
+    case Family::kGpt2:
+      return "gpt2";
   }
   return "?";
 }
 
 namespace {
 
-constexpr const char* kSupported =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel";
+constexpr const char* kSupported = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel";
 
 // Bounds that keep later allocations sane; real models sit far inside them.
 constexpr int64_t kMaxLayers = 1024;
@@ -44,7 +45,8 @@ struct Reader {
     }
     const json& v = j[key];
     if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > max) {
-      error = std::string("config.json field '") + key + "' must be an integer in [1, " + std::to_string(max) + "], found " + v.dump();
+      error = std::string("config.json field '") + key + "' must be an integer in [1, " + std::to_string(max) +
+              "], found " + v.dump();
       return 0;
     }
     return static_cast<int>(v.get<int64_t>());
@@ -103,8 +105,10 @@ Status ParseRopeScaling(const json& j, ModelSpec& spec) {
   const json& rs = j["rope_scaling"];
   if (!rs.is_object()) return InvalidArgument("config.json field 'rope_scaling' must be an object or null");
   std::string type;
-  if (rs.contains("rope_type") && rs["rope_type"].is_string()) type = rs["rope_type"].get<std::string>();
-  else if (rs.contains("type") && rs["type"].is_string()) type = rs["type"].get<std::string>();
+  if (rs.contains("rope_type") && rs["rope_type"].is_string())
+    type = rs["rope_type"].get<std::string>();
+  else if (rs.contains("type") && rs["type"].is_string())
+    type = rs["type"].get<std::string>();
   if (type == "default") return Status::Ok();
   if (type != "llama3")
     return Unimplemented("rope_scaling type '" + (type.empty() ? std::string("(missing)") : type) +
@@ -144,12 +148,15 @@ Status ParseLlama(const json& j, ModelSpec& spec) {
   const int pretraining_tp = r.Has("pretraining_tp") ? r.Int("pretraining_tp", 64) : 1;
   if (!r.error.empty()) return InvalidArgument(r.error);
   (void)pretraining_tp;  // a training-time slicing of the same products: no effect on the maths
-  if (act != "silu") return Unimplemented("hidden_act '" + act + "' is not supported for " + spec.architecture + " (supported: silu)");
+  if (act != "silu")
+    return Unimplemented("hidden_act '" + act + "' is not supported for " + spec.architecture + " (supported: silu)");
   if (interleaved) return Unimplemented("rope_interleaved true is not supported (rotate_half RoPE only)");
   if (mrope) return Unimplemented("use_mrope true (multimodal RoPE) is not supported");
   if (spec.n_heads % spec.n_kv_heads != 0)
-    return InvalidArgument("num_attention_heads (" + std::to_string(spec.n_heads) + ") is not a multiple of num_key_value_heads (" + std::to_string(spec.n_kv_heads) + ")");
-  if (spec.head_dim % 2 != 0) return InvalidArgument("head_dim " + std::to_string(spec.head_dim) + " is odd; RoPE needs pairs");
+    return InvalidArgument("num_attention_heads (" + std::to_string(spec.n_heads) +
+                           ") is not a multiple of num_key_value_heads (" + std::to_string(spec.n_kv_heads) + ")");
+  if (spec.head_dim % 2 != 0)
+    return InvalidArgument("head_dim " + std::to_string(spec.head_dim) + " is odd; RoPE needs pairs");
   if (!(spec.rope_theta > 0)) return InvalidArgument("rope_theta must be positive");
   if (!(spec.norm_eps > 0)) return InvalidArgument("rms_norm_eps must be positive");
   spec.activation = Activation::kSilu;
@@ -195,12 +202,14 @@ Status ParseGpt2(const json& j, ModelSpec& spec) {
   const bool reorder = r.Bool("reorder_and_upcast_attn", false);
   const bool scale_attn = r.Bool("scale_attn_weights", true);
   if (!r.error.empty()) return InvalidArgument(r.error);
-  if (act != "gelu_new") return Unimplemented("activation_function '" + act + "' is not supported for GPT-2 (supported: gelu_new)");
+  if (act != "gelu_new")
+    return Unimplemented("activation_function '" + act + "' is not supported for GPT-2 (supported: gelu_new)");
   if (inv_layer) return Unimplemented("scale_attn_by_inverse_layer_idx true is not supported");
   if (reorder) return Unimplemented("reorder_and_upcast_attn true is not supported");
   if (!scale_attn) return Unimplemented("scale_attn_weights false is not supported");
   if (spec.hidden % spec.n_heads != 0)
-    return InvalidArgument("n_embd (" + std::to_string(spec.hidden) + ") is not a multiple of n_head (" + std::to_string(spec.n_heads) + ")");
+    return InvalidArgument("n_embd (" + std::to_string(spec.hidden) + ") is not a multiple of n_head (" +
+                           std::to_string(spec.n_heads) + ")");
   spec.n_kv_heads = spec.n_heads;
   spec.head_dim = spec.hidden / spec.n_heads;
   spec.norm = NormType::kLayerNorm;
@@ -228,7 +237,8 @@ Result<ModelSpec> SpecFromConfig(std::string_view config_json) {
   if (j.contains("model_type") && j["model_type"].is_string()) spec.model_type = j["model_type"].get<std::string>();
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
     if (j["architectures"].size() != 1 || !j["architectures"][0].is_string())
-      return InvalidArgument("config.json 'architectures' must list exactly one class name, found " + j["architectures"].dump());
+      return InvalidArgument("config.json 'architectures' must list exactly one class name, found " +
+                             j["architectures"].dump());
     spec.architecture = j["architectures"][0].get<std::string>();
   } else {
     return InvalidArgument("config.json has no 'architectures' (model_type '" + spec.model_type + "')");

@@ -154,26 +154,33 @@ void ExpectRefused(const std::string& config, const std::string& needle) {
 }
 
 TEST(Spec, RefusesUnsupportedModelsByName) {
-  ExpectRefused(Slurp(ConfigPath("mistralai__Mixtral-8x7B-v0.1")), "architecture 'MixtralForCausalLM' is not supported");
-  ExpectRefused(Slurp(ConfigPath("sentence-transformers__all-MiniLM-L6-v2")), "architecture 'BertModel' is not supported");
+  ExpectRefused(Slurp(ConfigPath("mistralai__Mixtral-8x7B-v0.1")),
+                "architecture 'MixtralForCausalLM' is not supported");
+  ExpectRefused(Slurp(ConfigPath("sentence-transformers__all-MiniLM-L6-v2")),
+                "architecture 'BertModel' is not supported");
   std::string llama = Slurp(ConfigPath("meta-llama__Llama-3.2-1B"));
   auto j = llama;
   j.replace(j.find("\"llama3\""), 8, "\"yarn\"");
   ExpectRefused(j, "rope_scaling type 'yarn' is not supported");
-  ExpectRefused(R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16,"rope_scaling":{"type":"linear","factor":2.0}})",
-                "rope_scaling type 'linear'");
-  ExpectRefused(R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16,"hidden_act":"gelu"})",
-                "hidden_act 'gelu'");
-  ExpectRefused(R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":0,"num_attention_heads":4,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16})",
-                "num_hidden_layers");
-  ExpectRefused(R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16})",
-                "not a multiple");
+  ExpectRefused(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16,"rope_scaling":{"type":"linear","factor":2.0}})",
+      "rope_scaling type 'linear'");
+  ExpectRefused(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16,"hidden_act":"gelu"})",
+      "hidden_act 'gelu'");
+  ExpectRefused(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":0,"num_attention_heads":4,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16})",
+      "num_hidden_layers");
+  ExpectRefused(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16})",
+      "not a multiple");
   ExpectRefused(R"({"architectures":["LlamaForCausalLM"],"hidden_size":"64"})", "hidden_size");
   ExpectRefused(R"({"model_type":"llama"})", "no 'architectures'");
   ExpectRefused("[1,2]", "not a JSON object");
   ExpectRefused("{", "not valid JSON");
-  ExpectRefused(R"({"architectures":["GPT2LMHeadModel"],"n_embd":64,"n_layer":2,"n_head":4,"vocab_size":10,"n_positions":16,"activation_function":"relu"})",
-                "activation_function 'relu'");
+  ExpectRefused(
+      R"({"architectures":["GPT2LMHeadModel"],"n_embd":64,"n_layer":2,"n_head":4,"vocab_size":10,"n_positions":16,"activation_function":"relu"})",
+      "activation_function 'relu'");
 }
 
 TEST(Spec, BundledModelWithTensorFacts) {

@@ -6,8 +6,6 @@
 // inproc://zeromq.zap.01, one thread, started with the context) about every CURVE
 // handshake on a server socket. Each inbox names its own ZAP domain, and the handler
 // admits the client's key only when it is on that domain's allow-list.
-#include <zmq.hpp>
-
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -16,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <zmq.hpp>
 
 #include "daisy/log.h"
 #include "daisy/net.h"
@@ -85,7 +84,8 @@ void ZapLoop(zmq::socket_t* handler) {
         user = z85;
       }
     }
-    if (code != "200") LogDebug("zap: refused a " + mechanism + " handshake on " + domain + " from " + parts[3].to_string());
+    if (code != "200")
+      LogDebug("zap: refused a " + mechanism + " handshake on " + domain + " from " + parts[3].to_string());
     try {
       handler->send(zmq::buffer(version), zmq::send_flags::sndmore);
       handler->send(parts[1], zmq::send_flags::sndmore);
@@ -176,7 +176,8 @@ struct Endpoint::Impl {
     }
     auto key = peer_keys.find(to);
     if (key == peer_keys.end())
-      return FailedPrecondition("no public key is known for " + to + ": this device sends only to peers the rendezvous named");
+      return FailedPrecondition("no public key is known for " + to +
+                                ": this device sends only to peers the rendezvous named");
     zmq::socket_t s(Context(), zmq::socket_type::push);
     s.set(zmq::sockopt::linger, 200);
     s.set(zmq::sockopt::immediate, 1);
@@ -196,8 +197,8 @@ struct Endpoint::Impl {
     static std::atomic<uint64_t> n_monitors{0};
     const std::string mon = "inproc://daisy-monitor-" + std::to_string(n_monitors.fetch_add(1));
     zmq_socket_monitor(s.handle(), mon.c_str(),
-                       ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+                       ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                           ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     zmq::socket_t m(Context(), zmq::socket_type::pair);
     m.set(zmq::sockopt::linger, 0);
     m.connect(mon);
@@ -239,14 +240,16 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Bind(const std::string& host, int po
 }
 
 Result<std::unique_ptr<Endpoint>> Endpoint::SendOnly(const KeyPair& keys) {
-  if (!IsPublicKey(keys.public_key) || !IsPublicKey(keys.secret_key)) return InvalidArgument("Bug: Endpoint::SendOnly without a key pair");
+  if (!IsPublicKey(keys.public_key) || !IsPublicKey(keys.secret_key))
+    return InvalidArgument("Bug: Endpoint::SendOnly without a key pair");
   auto impl = std::make_unique<Impl>();
   impl->keys = keys;  // the inbox stays unbound: nothing can reach it
   return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
 }
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Bind(const std::string& host, int port, const KeyPair& keys) {
-  if (!IsPublicKey(keys.public_key) || !IsPublicKey(keys.secret_key)) return InvalidArgument("Bug: Endpoint::Bind without a key pair");
+  if (!IsPublicKey(keys.public_key) || !IsPublicKey(keys.secret_key))
+    return InvalidArgument("Bug: Endpoint::Bind without a key pair");
   auto impl = std::make_unique<Impl>();
   impl->keys = keys;
   {
@@ -271,8 +274,12 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Bind(const std::string& host, int po
   return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
 }
 
-const std::string& Endpoint::address() const { return impl_->address; }
-const std::string& Endpoint::public_key() const { return impl_->keys.public_key; }
+const std::string& Endpoint::address() const {
+  return impl_->address;
+}
+const std::string& Endpoint::public_key() const {
+  return impl_->keys.public_key;
+}
 
 void Endpoint::SetAllowed(const std::vector<std::string>& public_keys) {
   std::lock_guard<std::mutex> lock(impl_->allowed->mu);
@@ -287,7 +294,9 @@ void Endpoint::Allow(const std::string& public_key) {
   impl_->allowed->keys.insert(public_key);
 }
 
-bool Endpoint::Allowed(const std::string& public_key) const { return impl_->allowed->Has(public_key); }
+bool Endpoint::Allowed(const std::string& public_key) const {
+  return impl_->allowed->Has(public_key);
+}
 
 void Endpoint::SetPeerKey(const std::string& address, const std::string& public_key) {
   if (!IsPublicKey(public_key)) return;
@@ -310,7 +319,8 @@ Status Endpoint::Send(const std::string& address, std::span<const uint8_t> frame
       auto out = impl_->Out(address);
       if (!out.ok()) return out.status();
       zmq::socket_t& s = **out;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
       s.set(zmq::sockopt::sndtimeo, static_cast<int>(std::clamp<int64_t>(left, 0, 250)));
       auto sent = s.send(zmq::const_buffer(frame.data(), frame.size()), zmq::send_flags::none);
       if (sent) return Status::Ok();
@@ -332,7 +342,8 @@ Result<std::optional<Endpoint::Frame>> Endpoint::ReceiveFrame(int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   try {
     while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       zmq::pollitem_t item{impl_->inbox.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::max(left, std::chrono::milliseconds(0)));
       if (!(item.revents & ZMQ_POLLIN)) return std::optional<Frame>();
@@ -377,7 +388,9 @@ void Endpoint::KeepOnly(const std::vector<std::string>& public_keys) {
   }
 }
 
-int Endpoint::outboxes() const { return static_cast<int>(impl_->outboxes.size()); }
+int Endpoint::outboxes() const {
+  return static_cast<int>(impl_->outboxes.size());
+}
 
 void Endpoint::Forget(const std::string& address) {
   auto it = impl_->outboxes.find(address);

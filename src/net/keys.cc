@@ -65,7 +65,7 @@ std::string Hex16(const std::string& public_key) {
   if (public_key.size() != 40 || zmq_z85_decode(raw, public_key.c_str()) == nullptr) return "";
   uint8_t digest[32];
   crypto_generichash(digest, sizeof digest, raw, sizeof raw, nullptr, 0);
-  static const char* kHex = "0123456789abcdef";
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   for (int i = 0; i < 8; ++i) {
     out += kHex[digest[i] >> 4];
@@ -76,7 +76,9 @@ std::string Hex16(const std::string& public_key) {
 
 }  // namespace
 
-std::string KeyId(const std::string& public_key) { return Hex16(public_key); }
+std::string KeyId(const std::string& public_key) {
+  return Hex16(public_key);
+}
 
 std::string Fingerprint(const std::string& public_key) {
   const std::string h = Hex16(public_key);
@@ -104,7 +106,7 @@ Result<KeyPair> LoadOrCreateKeyPair(const std::string& path) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd >= 0) {
-      struct stat st{};
+      struct stat st {};
       if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         ::close(fd);
         return PermissionDenied("the key file " + path + " is not a regular file");
@@ -133,7 +135,8 @@ Result<KeyPair> LoadOrCreateKeyPair(const std::string& path) {
         at = nl + 1;
       }
       if (!IsSecretFor(k.secret_key, k.public_key))
-        return DataLoss("the key file " + path + " is malformed (it must hold a CURVE key pair: 'public Z85' and 'secret Z85'); "
+        return DataLoss("the key file " + path +
+                        " is malformed (it must hold a CURVE key pair: 'public Z85' and 'secret Z85'); "
                         "delete it to make a new identity");
       return k;
     }

@@ -1,3 +1,5 @@
+#include "daisy/net.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,7 +15,6 @@
 #include <fstream>
 #include <thread>
 
-#include "daisy/net.h"
 #include "flipping_proxy.h"
 
 namespace daisy::net {
@@ -22,7 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 
 wire::Hello HelloFor(const std::string& id) {
-  return wire::Hello{wire::kProtocolVersion, wire::kCapCompute, 100.0, 42, 1u << 30, "scalar", id, "dev-" + id.substr(0, 4)};
+  return wire::Hello{wire::kProtocolVersion,  wire::kCapCompute, 100.0, 42, 1u << 30, "scalar", id,
+                     "dev-" + id.substr(0, 4)};
 }
 
 // Receives until a frame decodes to T or the deadline passes.
@@ -104,7 +106,7 @@ TEST(Keys, TheKeyFileIsMadeWithMode0600ReusedAndRefusedWhenOthersCanReadIt) {
   const fs::path file = fs::path(tmpl) / "keys" / "node.key";
   auto k1 = LoadOrCreateKeyPair(file.string());
   ASSERT_TRUE(k1.ok()) << k1.status().message();
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(file.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   auto k2 = LoadOrCreateKeyPair(file.string());
@@ -246,7 +248,8 @@ TEST(Curve, ADeviceWithAnUnknownKeyCannotReachAStageOrTheRendezvous) {
   // An Endpoint whose key the stage does not admit: its send never connects.
   auto outsider = Endpoint::Bind("127.0.0.1", 0);
   (*outsider)->SetPeerKey(p.b->address(), p.b->public_key());
-  EXPECT_EQ((*outsider)->Send(p.b->address(), wire::Message(wire::Token{1, 2, 5}), 500).code(), ErrorCode::kUnavailable);
+  EXPECT_EQ((*outsider)->Send(p.b->address(), wire::Message(wire::Token{1, 2, 5}), 500).code(),
+            ErrorCode::kUnavailable);
   EXPECT_FALSE(ReceivesAnything(*p.b, 500));
   rv->reset();
   zmq_ctx_term(ctx);
@@ -382,7 +385,9 @@ TEST(Rendezvous, ADeviceApprovedInAnotherRoomIsRefusedInThisOne) {
   // A join claiming another device's id is ignored too.
   Device liar(**rv);
   (*rv)->Admit("room-b", liar.ep->public_key(), "liar");
-  ASSERT_TRUE(liar.ep->Send((*rv)->address(), wire::Message(wire::Join{"room-b", liar.ep->address(), HelloFor(member_b.id)})).ok());
+  ASSERT_TRUE(
+      liar.ep->Send((*rv)->address(), wire::Message(wire::Join{"room-b", liar.ep->address(), HelloFor(member_b.id)}))
+          .ok());
   EXPECT_FALSE(Await<wire::Peers>(*liar.ep, 700).has_value());
 }
 
@@ -407,11 +412,13 @@ TEST(Rendezvous, JoinRequestsAreLimitedPerSourceAndInNumber) {
   // Another source still gets in, until the pending cap.
   EXPECT_TRUE((*rv)->RequestJoin({"r", NewKeyPair().public_key, "x", "10.0.0.2"}).ok());
   EXPECT_TRUE((*rv)->RequestJoin({"r", NewKeyPair().public_key, "x", "10.0.0.2"}).ok());
-  EXPECT_EQ((*rv)->RequestJoin({"r", NewKeyPair().public_key, "x", "10.0.0.3"}).status().code(), ErrorCode::kResourceExhausted);
+  EXPECT_EQ((*rv)->RequestJoin({"r", NewKeyPair().public_key, "x", "10.0.0.3"}).status().code(),
+            ErrorCode::kResourceExhausted);
   EXPECT_EQ((*rv)->Pending().size(), 6u);
   // Malformed requests: refused by name.
   EXPECT_EQ((*rv)->RequestJoin({"r", "short", "x", "10.0.0.4"}).status().code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ((*rv)->RequestJoin({"", NewKeyPair().public_key, "x", "10.0.0.4"}).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ((*rv)->RequestJoin({"", NewKeyPair().public_key, "x", "10.0.0.4"}).status().code(),
+            ErrorCode::kInvalidArgument);
 }
 
 TEST(Rendezvous, PreApprovedFingerprintsAreAdmittedWhenTheyAsk) {
@@ -463,7 +470,8 @@ TEST(Pulse, KeepsAMemberWhoseThreadIsBusyInTheRoom) {
   auto pulse = Pulse::Start(po);
   ASSERT_TRUE(pulse.ok()) << pulse.status().message();
   ASSERT_TRUE(b->Send((*rv)->address(), wire::Message(wire::Join{"r", b->address(), HelloFor(idb)})).ok());
-  for (int i = 0; i < 100 && !(IsMember(**rv, ida) && IsMember(**rv, idb)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 100 && !(IsMember(**rv, ida) && IsMember(**rv, idb)); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_TRUE(IsMember(**rv, ida)) << "the pulse's join did not get a in";
   ASSERT_TRUE(IsMember(**rv, idb));
   // Both devices' own threads are busy for 3 s (three times the dead-member timeout).
@@ -505,7 +513,9 @@ TEST(Endpoint, LinksToMembersThatLeftTheRoomAreClosed) {
   auto b = Endpoint::Bind("127.0.0.1", 0).value();
   auto c = Endpoint::Bind("127.0.0.1", 0).value();
   const KeyPair rv = NewKeyPair();
-  auto peer = [](const Endpoint& ep) { return wire::Peer{ep.address(), HelloFor(KeyId(ep.public_key())), ep.public_key()}; };
+  auto peer = [](const Endpoint& ep) {
+    return wire::Peer{ep.address(), HelloFor(KeyId(ep.public_key())), ep.public_key()};
+  };
   wire::Peers both{"r", {peer(*b), peer(*c)}};
   ApplyPeerList(*a, rv.public_key, both);
   b->Allow(a->public_key());

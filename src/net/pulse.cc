@@ -19,11 +19,13 @@ struct Pulse::Impl {
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
-  std::atomic<int64_t> last_ok_ns{0};     // steady clock, 0: no attempt yet
+  std::atomic<int64_t> last_ok_ns{0};  // steady clock, 0: no attempt yet
   std::atomic<int64_t> first_try_ns{0};
   std::thread thread;
 
-  static int64_t Now() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+  static int64_t Now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  }
 
   void Loop() {
     auto last_join = Clock::now() - std::chrono::hours(1);

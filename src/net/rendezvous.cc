@@ -45,8 +45,7 @@ bool ValidRoom(const std::string& room) {
 
 std::string CleanName(const std::string& name) {
   std::string out;
-  for (char c : name.substr(0, 64))
-    out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  for (char c : name.substr(0, 64)) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
   return out;
 }
 }  // namespace
@@ -56,12 +55,12 @@ struct Rendezvous::Impl {
   std::unique_ptr<Endpoint> endpoint;
   std::string address;
   mutable std::mutex mu;
-  std::map<std::string, Member> members;                          // by device id
+  std::map<std::string, Member> members;                               // by device id
   std::map<std::string, std::map<std::string, std::string>> approved;  // room -> key -> name
-  std::map<std::string, std::set<std::string>> preapproved;        // room -> fingerprint (16 hex)
-  std::map<std::string, PendingEntry> pending;                          // by key
-  std::map<std::string, Bucket> buckets;                           // by source address
-  std::vector<std::string> dirty_rooms;                            // rooms whose peer list must be re-sent
+  std::map<std::string, std::set<std::string>> preapproved;            // room -> fingerprint (16 hex)
+  std::map<std::string, PendingEntry> pending;                         // by key
+  std::map<std::string, Bucket> buckets;                               // by source address
+  std::vector<std::string> dirty_rooms;                                // rooms whose peer list must be re-sent
   std::atomic<bool> stop{false};
   std::thread thread;
 
@@ -88,7 +87,8 @@ struct Rendezvous::Impl {
   }
 
   Result<JoinAnswer> RequestJoin(const JoinRequest& q) {
-    if (!IsPublicKey(q.public_key)) return InvalidArgument("public_key is not a CURVE public key (40 characters of Z85)");
+    if (!IsPublicKey(q.public_key))
+      return InvalidArgument("public_key is not a CURVE public key (40 characters of Z85)");
     if (!ValidRoom(q.room)) return InvalidArgument("room must be 1 to 64 printable characters");
     const std::string name = CleanName(q.name);
     const std::string fpr = Fingerprint(q.public_key);
@@ -116,15 +116,18 @@ struct Rendezvous::Impl {
     }
     Bucket& b = buckets[q.source];
     if (b.at == Clock::time_point{}) b.tokens = options.join_burst;
-    b.tokens = std::min<double>(options.join_burst, b.tokens + options.join_per_s * std::chrono::duration<double>(now - b.at).count());
+    b.tokens = std::min<double>(options.join_burst,
+                                b.tokens + options.join_per_s * std::chrono::duration<double>(now - b.at).count());
     b.at = now;
     if (b.tokens < 1)
-      return ResourceExhausted("too many join requests from " + (q.source.empty() ? std::string("this address") : q.source) +
-                         "; try again in a minute");
+      return ResourceExhausted("too many join requests from " +
+                               (q.source.empty() ? std::string("this address") : q.source) + "; try again in a minute");
     if (it == pending.end() && static_cast<int>(pending.size()) >= options.max_pending)
-      return ResourceExhausted("too many devices are waiting for approval (" + std::to_string(options.max_pending) + "); try again later");
+      return ResourceExhausted("too many devices are waiting for approval (" + std::to_string(options.max_pending) +
+                               "); try again later");
     b.tokens -= 1;
-    pending[q.public_key] = PendingEntry{PendingJoin{q.room, q.public_key, fpr, KeyId(q.public_key), name, q.source}, now};
+    pending[q.public_key] =
+        PendingEntry{PendingJoin{q.room, q.public_key, fpr, KeyId(q.public_key), name, q.source}, now};
     LogInfo("rendezvous: device " + name + " (" + fpr + ") asks to join room '" + q.room + "'" +
             (q.source.empty() ? "" : " from " + q.source) + ": type 'approve " + fpr + "' to admit it");
     return JoinAnswer{false, fpr};
@@ -167,14 +170,17 @@ struct Rendezvous::Impl {
         return;
       }
       if (j->hello.device_id != KeyId(key)) {
-        LogWarning("rendezvous: ignored a join from key " + Fingerprint(key) + " claiming device id '" + j->hello.device_id + "'");
+        LogWarning("rendezvous: ignored a join from key " + Fingerprint(key) + " claiming device id '" +
+                   j->hello.device_id + "'");
         return;
       }
       if (j->hello.protocol_version != wire::kProtocolVersion) {
-        LogWarning("rendezvous: refused " + j->hello.name + ": protocol version " + std::to_string(j->hello.protocol_version) +
-                   ", this build speaks " + std::to_string(wire::kProtocolVersion));
+        LogWarning("rendezvous: refused " + j->hello.name + ": protocol version " +
+                   std::to_string(j->hello.protocol_version) + ", this build speaks " +
+                   std::to_string(wire::kProtocolVersion));
         endpoint->SetPeerKey(j->address, key);
-        (void)endpoint->Send(j->address, wire::Message(wire::ErrorMsg{wire::ErrorKind::kProtocol, "protocol version mismatch"}), 500);
+        (void)endpoint->Send(
+            j->address, wire::Message(wire::ErrorMsg{wire::ErrorKind::kProtocol, "protocol version mismatch"}), 500);
         return;
       }
       auto it = members.find(j->hello.device_id);
@@ -215,8 +221,9 @@ struct Rendezvous::Impl {
     std::lock_guard<std::mutex> lock(mu);
     for (auto it = members.begin(); it != members.end();) {
       if (std::chrono::duration<double>(now - it->second.last_seen).count() > options.dead_after_s) {
-        LogWarning("rendezvous: lost device " + it->second.info.hello.name + " (" + Fingerprint(it->second.info.public_key) +
-                   "): no heartbeat for " + std::to_string(static_cast<int>(options.dead_after_s)) + " s");
+        LogWarning("rendezvous: lost device " + it->second.info.hello.name + " (" +
+                   Fingerprint(it->second.info.public_key) + "): no heartbeat for " +
+                   std::to_string(static_cast<int>(options.dead_after_s)) + " s");
         MarkDirty(it->second.info.room);
         endpoint->Forget(it->second.info.address);
         it = members.erase(it);
@@ -265,10 +272,16 @@ Result<std::unique_ptr<Rendezvous>> Rendezvous::Start(const RendezvousOptions& o
   return std::unique_ptr<Rendezvous>(new Rendezvous(std::move(impl)));
 }
 
-const std::string& Rendezvous::address() const { return impl_->address; }
-const std::string& Rendezvous::public_key() const { return impl_->options.keys.public_key; }
+const std::string& Rendezvous::address() const {
+  return impl_->address;
+}
+const std::string& Rendezvous::public_key() const {
+  return impl_->options.keys.public_key;
+}
 
-Result<JoinAnswer> Rendezvous::RequestJoin(const JoinRequest& request) { return impl_->RequestJoin(request); }
+Result<JoinAnswer> Rendezvous::RequestJoin(const JoinRequest& request) {
+  return impl_->RequestJoin(request);
+}
 
 void Rendezvous::Admit(const std::string& room, const std::string& public_key, const std::string& name) {
   if (!IsPublicKey(public_key)) return;
@@ -278,7 +291,9 @@ void Rendezvous::Admit(const std::string& room, const std::string& public_key, c
 
 Status Rendezvous::PreApprove(const std::string& room, const std::string& fingerprint) {
   DAISY_ASSIGN_OR_RETURN(std::string f, NormalizeFingerprint(fingerprint));
-  if (f.size() != 16) return InvalidArgument("--approve wants a whole fingerprint (16 hex digits like ab12-cd34-ef56-7890), got '" + fingerprint + "'");
+  if (f.size() != 16)
+    return InvalidArgument("--approve wants a whole fingerprint (16 hex digits like ab12-cd34-ef56-7890), got '" +
+                           fingerprint + "'");
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->preapproved[room].insert(f);
   // A device already waiting with that fingerprint is admitted now.
@@ -297,7 +312,8 @@ Status Rendezvous::Approve(const std::string& prefix) {
   const PendingJoin* found = nullptr;
   for (const auto& [key, p] : impl_->pending) {
     if (p.join.device_id.rfind(*norm, 0) == 0) {
-      if (found) return InvalidArgument("'" + prefix + "' matches more than one waiting device; type more of its fingerprint");
+      if (found)
+        return InvalidArgument("'" + prefix + "' matches more than one waiting device; type more of its fingerprint");
       found = &p.join;
     }
   }

@@ -75,9 +75,10 @@ class Node {
     const wire::Hello& hello = member_->hello();
     name_ = hello.name;
     member_->set_log_name("node " + name_);
-    std::fprintf(stderr, "node %s (key fingerprint %s): %s backend, %.0f GEMMs/s, %.1f GB free; joining room '%s' at %s\n",
-                 name_.c_str(), net::Fingerprint(member_->keys().public_key).c_str(), hello.backend.c_str(), hello.gemms_per_s,
-                 static_cast<double>(hello.free_memory) / 1e9, o_.room.c_str(), o_.rendezvous.c_str());
+    std::fprintf(
+        stderr, "node %s (key fingerprint %s): %s backend, %.0f GEMMs/s, %.1f GB free; joining room '%s' at %s\n",
+        name_.c_str(), net::Fingerprint(member_->keys().public_key).c_str(), hello.backend.c_str(), hello.gemms_per_s,
+        static_cast<double>(hello.free_memory) / 1e9, o_.room.c_str(), o_.rendezvous.c_str());
     if (Status admitted = member_->Admit(); !admitted.ok()) {
       return admitted.code() == ErrorCode::kAborted ? Status::Ok() : admitted;
     }
@@ -85,8 +86,10 @@ class Node {
       if (member_->RendezvousLost()) {
         // The rendezvous stopped taking heartbeats: it is gone, or it restarted and no longer
         // admits this key. Ask to be admitted again (same server key); the layers stay.
-        std::fprintf(stderr, "node %s: lost the rendezvous at %s (no heartbeat got through for %.0f s); asking to be admitted again\n",
-                     name_.c_str(), o_.rendezvous.c_str(), net::kRendezvousLostSeconds);
+        std::fprintf(
+            stderr,
+            "node %s: lost the rendezvous at %s (no heartbeat got through for %.0f s); asking to be admitted again\n",
+            name_.c_str(), o_.rendezvous.c_str(), net::kRendezvousLostSeconds);
         if (Status again = member_->Readmit(); !again.ok()) {
           if (again.code() == ErrorCode::kAborted) break;
           return again;
@@ -118,7 +121,8 @@ class Node {
     if (!in.message.ok()) {  // only the head's or upstream's get here (Receive's `expects`)
       LogWarning("node: refused a frame: " + in.message.status().message());
       (void)member_->Send(head_address_,
-                          wire::Message(wire::ErrorMsg{wire::ErrorKind::kFrame, name_ + " refused a frame: " + in.message.status().message()}),
+                          wire::Message(wire::ErrorMsg{wire::ErrorKind::kFrame,
+                                                       name_ + " refused a frame: " + in.message.status().message()}),
                           500);
       return;
     }
@@ -145,7 +149,8 @@ class Node {
 
   void On(wire::Peers& p) {
     // RoomMember applied the list: only the room's members may reach this inbox now.
-    if (!joined_) std::fprintf(stderr, "node %s: in room '%s' with %zu device(s)\n", name_.c_str(), p.room.c_str(), p.peers.size());
+    if (!joined_)
+      std::fprintf(stderr, "node %s: in room '%s' with %zu device(s)\n", name_.c_str(), p.room.c_str(), p.peers.size());
     joined_ = true;
     bool head_here = head_id_.empty();
     for (const auto& peer : p.peers) head_here = head_here || peer.hello.device_id == head_id_;
@@ -179,18 +184,23 @@ class Node {
   void On(wire::Assignment& a) {
     // One turn owns the ring: another head's assignment waits until this turn is done.
     if (!busy_head_.empty() && busy_head_ != a.stages[0].device_id) {
-      (void)member_->Send(a.stages[0].address,
-                      wire::Message(wire::ErrorMsg{wire::ErrorKind::kBusy, "busy: " + name_ + " is serving another head's turn"}), 1000);
+      (void)member_->Send(
+          a.stages[0].address,
+          wire::Message(wire::ErrorMsg{wire::ErrorKind::kBusy, "busy: " + name_ + " is serving another head's turn"}),
+          1000);
       return;
     }
     // The sender becomes this device's head only once its assignment is accepted.
     const std::string old_id = std::exchange(head_id_, a.stages[0].device_id);
     const std::string old_address = std::exchange(head_address_, a.stages[0].address);
-    const std::string old_key = std::exchange(head_key_, member_->KeyOf(head_id_));  // Handle checked the sender holds it
+    const std::string old_key =
+        std::exchange(head_key_, member_->KeyOf(head_id_));  // Handle checked the sender holds it
     Status st = Assign(a);
     if (!st.ok()) {
       std::fprintf(stderr, "node %s: assignment refused: %s\n", name_.c_str(), Redact(st.message()).c_str());
-      (void)member_->Send(a.stages[0].address, wire::Message(wire::ErrorMsg{wire::ErrorKind::kAssignment, name_ + ": " + Redact(st.message())}), 1000);
+      (void)member_->Send(
+          a.stages[0].address,
+          wire::Message(wire::ErrorMsg{wire::ErrorKind::kAssignment, name_ + ": " + Redact(st.message())}), 1000);
       head_id_ = old_id;
       head_address_ = old_address;
       head_key_ = old_key;
@@ -226,10 +236,12 @@ class Node {
       };
       while (!slots_.empty() && (static_cast<int>(slots_.size()) >= std::max(1, o_.cache_slots) ||
                                  need + kept_bytes() > member_->hello().free_memory)) {
-        auto lru = std::min_element(slots_.begin(), slots_.end(), [](const CacheSlot& x, const CacheSlot& y) { return x.last_used < y.last_used; });
+        auto lru = std::min_element(slots_.begin(), slots_.end(),
+                                    [](const CacheSlot& x, const CacheSlot& y) { return x.last_used < y.last_used; });
         slots_.erase(lru);
       }
-      slots_.push_back(CacheSlot{a.cache_key, std::make_unique<KvCache>(spec, slice_.first, slice_.end, a.ctx), std::nullopt, 0});
+      slots_.push_back(
+          CacheSlot{a.cache_key, std::make_unique<KvCache>(spec, slice_.first, slice_.end, a.ctx), std::nullopt, 0});
       slot = &slots_.back();
     }
     slot->last_used = ++use_clock_;
@@ -274,7 +286,8 @@ class Node {
     }
     const ModelSpec& spec = slice_.info->spec;
     DAISY_RETURN_IF_ERROR(ValidateAssignment(plan, spec.n_layers, a.stages[0].device_id));
-    if (slice_.spec_hash != a.spec_hash) return InvalidArgument("the head's model spec differs from the one this device derived from " + a.model_id);
+    if (slice_.spec_hash != a.spec_hash)
+      return InvalidArgument("the head's model spec differs from the one this device derived from " + a.model_id);
     if (slice_.model_hash != a.model_hash)
       return InvalidArgument("model_hash mismatch: the head and this device read different files for " + a.model_id);
     DAISY_RETURN_IF_ERROR(CheckContext(spec, a.ctx));
@@ -292,14 +305,18 @@ class Node {
                                  a.model_id + " at context " + std::to_string(a.ctx) + " need " + FormatBytes(need) +
                                  " (int8 weights, KV cache and working memory) but this device's memory budget is " +
                                  FormatBytes(member_->hello().free_memory) + ": refused before any download");
-      std::fprintf(stderr, "node %s: fetching layers [%d, %d) of %s\n", name_.c_str(), me.first, me.end, a.model_id.c_str());
+      std::fprintf(stderr, "node %s: fetching layers [%d, %d) of %s\n", name_.c_str(), me.first, me.end,
+                   a.model_id.c_str());
       auto started = Clock::now();
       auto last_progress = Clock::now() - std::chrono::seconds(1);
       ProgressFn progress = [&](const TransferProgress& p) {
         // Tell the head how far it is (the pulse keeps the heartbeats going meanwhile).
         if (Clock::now() - last_progress > std::chrono::milliseconds(250) || p.bytes_done == p.bytes_total) {
           last_progress = Clock::now();
-          (void)member_->Send(head_address_, wire::Message(wire::Progress{a.turn, a.your_stage, std::min(p.bytes_done, p.bytes_total), p.bytes_total}), 200);
+          (void)member_->Send(
+              head_address_,
+              wire::Message(wire::Progress{a.turn, a.your_stage, std::min(p.bytes_done, p.bytes_total), p.bytes_total}),
+              200);
         }
         if (Clock::now() - started > std::chrono::seconds(2) && p.bytes_total > 0) {
           std::fprintf(stderr, "\rnode %s: %5.1f%% of %.1f MB", name_.c_str(),
@@ -308,7 +325,8 @@ class Node {
           started = Clock::now() - std::chrono::seconds(1);
         }
       };
-      DAISY_ASSIGN_OR_RETURN(StageWeights w, StageWeights::Load(*slice_.source, *slice_.info, me.first, me.end, false, progress));
+      DAISY_ASSIGN_OR_RETURN(StageWeights w,
+                             StageWeights::Load(*slice_.source, *slice_.info, me.first, me.end, false, progress));
       slice_.weights = std::make_unique<StageWeights>(std::move(w));
       slice_.first = me.first;
       slice_.end = me.end;
@@ -341,11 +359,15 @@ class Node {
   void On(wire::Activation& a) {
     auto refuse = [&](const std::string& why, wire::ErrorKind code = wire::ErrorKind::kHop) {
       LogWarning("node " + name_ + ": refused a hop: " + why);
-      if (!head_address_.empty()) (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{code, name_ + " refused a hop: " + why}), 300);
+      if (!head_address_.empty())
+        (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{code, name_ + " refused a hop: " + why}), 300);
     };
     if (!slice_.weights) return refuse("no layers assigned");
-    if (a.model_hash != slice_.model_hash) return refuse("model_hash mismatch: this device holds a slice of another model");
-    if (a.next != stage_) return refuse("the hop is for stage " + std::to_string(a.next) + ", this device is stage " + std::to_string(stage_));
+    if (a.model_hash != slice_.model_hash)
+      return refuse("model_hash mismatch: this device holds a slice of another model");
+    if (a.next != stage_)
+      return refuse("the hop is for stage " + std::to_string(a.next) + ", this device is stage " +
+                    std::to_string(stage_));
     if (a.seq != seq_ || !kv_) {
       // A late hop of an earlier turn (a stage that was stopped and resumed, a replayed
       // turn): not this turn's business, so the head of this turn is not told.
@@ -431,7 +453,8 @@ class Node {
         if (s.key == cache_key_ && s.kv.get() == kv_ && kv_->length() == d.cached) s.tag = d.cache_tag;
       if (!head_address_.empty())
         (void)member_->Send(head_address_,
-                        wire::Message(wire::StageStats{d.seq, stage_, hops_, compute_seconds_, PeakRssBytes()}), 500);
+                            wire::Message(wire::StageStats{d.seq, stage_, hops_, compute_seconds_, PeakRssBytes()}),
+                            500);
     }
     if (o_.print_tokens && d.seq == printed_seq_) {
       if (stream_) std::fputs(stream_->Finish().c_str(), stdout);
@@ -447,12 +470,16 @@ class Node {
   void On(wire::Join&) {}
   void On(wire::AuditRequest& q) {
     auto refuse = [&](const std::string& why) {
-      (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{wire::ErrorKind::kAudit, name_ + " cannot answer an audit: " + why}), 500);
+      (void)member_->Send(
+          head_address_,
+          wire::Message(wire::ErrorMsg{wire::ErrorKind::kAudit, name_ + " cannot answer an audit: " + why}), 500);
     };
     if (!audit_ || q.seq != seq_ || !slice_.info) return refuse("no audited turn " + std::to_string(q.seq));
     const int hidden = slice_.info->spec.hidden;
     const int64_t have = static_cast<int64_t>(inputs_.size() / static_cast<size_t>(hidden));
-    if (q.from < inputs_from_ || q.to > inputs_from_ + have) return refuse("positions [" + std::to_string(q.from) + ", " + std::to_string(q.to) + ") were not served in this turn");
+    if (q.from < inputs_from_ || q.to > inputs_from_ + have)
+      return refuse("positions [" + std::to_string(q.from) + ", " + std::to_string(q.to) +
+                    ") were not served in this turn");
     wire::AuditData d;
     d.seq = q.seq;
     d.stage = stage_;
@@ -474,15 +501,15 @@ class Node {
   const NodeOptions& o_;
   std::unique_ptr<RoomMember> member_;  // keys, inbox, hello, heartbeats, the room's list
   std::string name_;                    // this device's name, as its hello gives it
-  std::string head_key_;      // the key of the head whose turn this is
-  std::string upstream_key_;  // the key of the stage that sends this one its activations
+  std::string head_key_;                // the key of the head whose turn this is
+  std::string upstream_key_;            // the key of the stage that sends this one its activations
   bool joined_ = false;
   std::optional<Clock::time_point> head_missing_since_;  // the turn's head is not in the last list
   std::string head_id_, head_address_;
   std::string busy_head_;  // the head whose turn this device serves, until its done
   Slice slice_;
   int stage_ = -1;
-  Plan plan_;  // the assigned turn's plan, as its assignment gave it
+  Plan plan_;         // the assigned turn's plan, as its assignment gave it
   int32_t seq_ = -1;  // the turn assigned
   std::vector<CacheSlot> slots_;
   uint64_t use_clock_ = 0;
@@ -491,10 +518,10 @@ class Node {
   int32_t kept_ = 0;
   int64_t hops_ = 0;
   double compute_seconds_ = 0;
-  bool audit_ = false;           // this turn is audited: keep inputs, send digests and receipts
-  std::array<uint8_t, 32> audit_key_{};          // shared with the turn's head (net::AuditKey)
+  bool audit_ = false;                            // this turn is audited: keep inputs, send digests and receipts
+  std::array<uint8_t, 32> audit_key_{};           // shared with the turn's head (net::AuditKey)
   std::map<int32_t, wire::HopReceipt> receipts_;  // upstream's receipts, by first position
-  std::vector<float> inputs_;    // the turn's hop inputs, rows from position inputs_from_
+  std::vector<float> inputs_;                     // the turn's hop inputs, rows from position inputs_from_
   int32_t inputs_from_ = 0;
   int32_t printed_seq_ = -1;
   std::unique_ptr<TextStream> stream_;  // the token stream of the current turn, as text

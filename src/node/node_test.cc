@@ -1,7 +1,6 @@
 // A ring member in this process (RunNode on a thread) driven by a hand-written head over
 // real sockets on 127.0.0.1: assignment, ready, hops, and the hops it must refuse.
 #include "daisy/node.h"
-#include "daisy/ring.h"
 
 #include <gtest/gtest.h>
 
@@ -14,6 +13,7 @@
 #include "daisy/memory.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
+#include "daisy/ring.h"
 
 namespace daisy {
 namespace {
@@ -57,7 +57,8 @@ class NodeTest : public ::testing::Test {
     outside_ = home_ + "/outside/stories";
     std::filesystem::create_directories(allowed_ + "/sub");
     std::filesystem::create_directories(home_ + "/outside");
-    std::filesystem::copy(std::string(std::getenv("DAISY_MODELS")) + "/stories260K", outside_, std::filesystem::copy_options::recursive);
+    std::filesystem::copy(std::string(std::getenv("DAISY_MODELS")) + "/stories260K", outside_,
+                          std::filesystem::copy_options::recursive);
     std::filesystem::create_directory_symlink(outside_, allowed_ + "/link");
     options_.models_dirs = {std::getenv("DAISY_MODELS"), allowed_};
     options_.max_memory = max_memory_;
@@ -260,7 +261,8 @@ TEST_F(NodeTest, OpensALocalFolderOnlyUnderAnAllowedOne) {
     std::string error;
     ASSERT_TRUE(head_->Send(node_.address, wire::Message(assignment_for(path))).ok());
     EXPECT_FALSE(Await<wire::Ready>(*head_, 3000, &error).has_value()) << path << " was opened";
-    EXPECT_NE(error.find("refusing the local model folder " + path + ": it is not under a folder this device allows"), std::string::npos)
+    EXPECT_NE(error.find("refusing the local model folder " + path + ": it is not under a folder this device allows"),
+              std::string::npos)
         << error;
   }
   // The same model under an allowed folder is served, and so is the symlink's target once
@@ -284,12 +286,13 @@ TEST(AllowedModelFolder, ResolvesDotDotAndSymlinksBeforeTheCheck) {
   EXPECT_EQ(AllowedModelFolder((tmp / "models").string(), allowed).value(), (tmp / "models").string());
   // A symlink from outside into an allowed folder leads there: allowed.
   EXPECT_EQ(AllowedModelFolder((tmp / "alias").string(), allowed).value(), (tmp / "models/a").string());
-  for (const std::string path : {(tmp / "models/../secret").string(), (tmp / "models/a/../../secret").string(),
-                                 (tmp / "models/escape").string(), (tmp / "models-other/b").string(), std::string("/etc"),
-                                 (tmp / "models/missing").string()}) {
+  for (const std::string path :
+       {(tmp / "models/../secret").string(), (tmp / "models/a/../../secret").string(), (tmp / "models/escape").string(),
+        (tmp / "models-other/b").string(), std::string("/etc"), (tmp / "models/missing").string()}) {
     auto r = AllowedModelFolder(path, allowed);
     ASSERT_FALSE(r.ok()) << path << " allowed as " << r.value();
-    EXPECT_NE(r.status().message().find("refusing the local model folder " + path + ":"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("refusing the local model folder " + path + ":"), std::string::npos)
+        << r.status().message();
     // The allowed folders are this device's business, not the head's.
     EXPECT_EQ(r.status().message().find((tmp / "models").string() + " "), std::string::npos) << r.status().message();
   }

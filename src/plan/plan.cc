@@ -16,16 +16,19 @@ namespace {
 // the unit the hello's capacity is measured in.
 constexpr double kReferenceGemmMacs = 4096.0 * 4096.0;
 
-uint64_t MatrixBytes(uint64_t rows, uint64_t cols) { return rows * cols + 4 * rows; }
+uint64_t MatrixBytes(uint64_t rows, uint64_t cols) {
+  return rows * cols + 4 * rows;
+}
 
 }  // namespace
 
 PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx, int embed_bytes_per_value) {
-  const uint64_t H = static_cast<uint64_t>(s.hidden), D = static_cast<uint64_t>(s.head_dim);
-  const uint64_t q = static_cast<uint64_t>(s.n_heads) * D, kv = static_cast<uint64_t>(s.n_kv_heads) * D;
-  const uint64_t I = static_cast<uint64_t>(s.intermediate), V = static_cast<uint64_t>(s.vocab);
-  uint64_t layer = MatrixBytes(q + 2 * kv, H) + MatrixBytes(H, q) + MatrixBytes((s.gated_mlp ? 2 : 1) * I, H) +
-                   MatrixBytes(H, I) + 4 * 4 * H /* norms and their biases */;
+  const uint64_t hidden = static_cast<uint64_t>(s.hidden), head_dim = static_cast<uint64_t>(s.head_dim);
+  const uint64_t q = static_cast<uint64_t>(s.n_heads) * head_dim, kv = static_cast<uint64_t>(s.n_kv_heads) * head_dim;
+  const uint64_t inter = static_cast<uint64_t>(s.intermediate), vocab = static_cast<uint64_t>(s.vocab);
+  uint64_t layer = MatrixBytes(q + 2 * kv, hidden) + MatrixBytes(hidden, q) +
+                   MatrixBytes((s.gated_mlp ? 2 : 1) * inter, hidden) + MatrixBytes(hidden, inter) +
+                   4 * 4 * hidden /* norms and their biases */;
   if (s.qkv_bias) layer += 4 * (q + 2 * kv);
   // KV cache, per position: K as two int8 terms (the second quantizes the first's residual)
   // and V as one int8 term, each with one f32 scale per kv head.
@@ -35,14 +38,15 @@ PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx, int embed_bytes_per_val
   m.layer_bytes = layer;
   // Embedding rows kept at the file's width plus the int8 LM head (the int8 copy of the
   // embedding when tied), final norm, learned positions, and the logits of a step.
-  m.head_bytes = static_cast<uint64_t>(embed_bytes_per_value) * V * H + MatrixBytes(V, H) + 8 * H + 4 * 4 * V +
-                 (s.learned_positions ? 4 * static_cast<uint64_t>(s.max_positions) * H : 0);
+  m.head_bytes = static_cast<uint64_t>(embed_bytes_per_value) * vocab * hidden + MatrixBytes(vocab, hidden) +
+                 8 * hidden + 4 * 4 * vocab +
+                 (s.learned_positions ? 4 * static_cast<uint64_t>(s.max_positions) * hidden : 0);
   // Activations of two prefill chunks of 16 positions in flight, with their attention
   // scores over the whole context and the MLP's intermediate rows, a few copies each.
   constexpr uint64_t kPositions = 32;
-  m.working_bytes = kProcessBytes + 4 * kPositions * 4 * (4 * H + q + 2 * kv + 3 * I) +
+  m.working_bytes = kProcessBytes + 4 * kPositions * 4 * (4 * hidden + q + 2 * kv + 3 * inter) +
                     4 * kPositions * static_cast<uint64_t>(s.n_heads) * static_cast<uint64_t>(ctx);
-  const double macs = static_cast<double>((q + 2 * kv) * H + H * q + (s.gated_mlp ? 3 : 2) * I * H);
+  const double macs = static_cast<double>((q + 2 * kv) * hidden + hidden * q + (s.gated_mlp ? 3 : 2) * inter * hidden);
   m.layer_cost_gemms = macs / kReferenceGemmMacs;
   return m;
 }
@@ -139,7 +143,8 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
   for (const auto& d : others) {
     if (!seen.insert(d.id).second) return InvalidArgument("device id '" + d.id + "' appears twice");
     if (d.probe_hash != head.probe_hash) {
-      plan.notes.push_back("left out " + d.name + " (" + d.id + "): its probe hash differs from the head's, so its arithmetic is not bit-identical");
+      plan.notes.push_back("left out " + d.name + " (" + d.id +
+                           "): its probe hash differs from the head's, so its arithmetic is not bit-identical");
       continue;
     }
     eligible.push_back(d);
@@ -172,11 +177,13 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
     int sum = 0;
     for (size_t i = 0; i < counts.size(); ++i) {
       if (counts[i] < 0 || (i > 0 && counts[i] == 0))
-        return InvalidArgument("--plan: stage " + std::to_string(i) + " needs at least one layer (only the head may have none)");
+        return InvalidArgument("--plan: stage " + std::to_string(i) +
+                               " needs at least one layer (only the head may have none)");
       sum += counts[i];
     }
     if (sum != model.n_layers)
-      return InvalidArgument("--plan covers " + std::to_string(sum) + " layers but the model has " + std::to_string(model.n_layers));
+      return InvalidArgument("--plan covers " + std::to_string(sum) + " layers but the model has " +
+                             std::to_string(model.n_layers));
     eligible.resize(counts.size());
     for (size_t i = 0; i < counts.size(); ++i)
       if (counts[i] > max_layers(eligible[i], i == 0))
@@ -268,15 +275,17 @@ Status ValidateAssignment(const Plan& plan, int n_layers, const std::string& hea
     const auto& s = plan.stages[i];
     if (!ids.insert(s.device_id).second) return InvalidArgument("device '" + s.device_id + "' holds two stages");
     if (s.first != expect)
-      return InvalidArgument("stage " + std::to_string(i) + " starts at layer " + std::to_string(s.first) +
-                             (s.first > expect ? ": layers " + std::to_string(expect) + ".." + std::to_string(s.first) + " are not covered"
-                                               : ": layer " + std::to_string(s.first) + " is covered twice"));
+      return InvalidArgument(
+          "stage " + std::to_string(i) + " starts at layer " + std::to_string(s.first) +
+          (s.first > expect ? ": layers " + std::to_string(expect) + ".." + std::to_string(s.first) + " are not covered"
+                            : ": layer " + std::to_string(s.first) + " is covered twice"));
     if (s.end < s.first || (i > 0 && s.end == s.first))
       return InvalidArgument("stage " + std::to_string(i) + " has no layers");
     expect = s.end;
   }
   if (expect != n_layers)
-    return InvalidArgument("the plan covers layers [0, " + std::to_string(expect) + ") but the model has " + std::to_string(n_layers));
+    return InvalidArgument("the plan covers layers [0, " + std::to_string(expect) + ") but the model has " +
+                           std::to_string(n_layers));
   return Status::Ok();
 }
 

@@ -1,9 +1,9 @@
+#include "daisy/plan.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <set>
-
-#include "daisy/plan.h"
 
 namespace daisy {
 namespace {
@@ -75,7 +75,8 @@ TEST(Plan, CappedByMemoryAndTheRestShared) {
 
 TEST(Plan, LeavesOutAProbeMismatchAndDropsDevicesWithoutLayers) {
   PlanOptions o;
-  auto p = MakePlan(Model(4, 100, 1000), {Dev("head", 1, 1100), Dev("b", 1, kGB, 8), Dev("c", 1, kGB), Dev("d", 0, kGB)}, o);
+  auto p =
+      MakePlan(Model(4, 100, 1000), {Dev("head", 1, 1100), Dev("b", 1, kGB, 8), Dev("c", 1, kGB), Dev("d", 0, kGB)}, o);
   ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_EQ(Counts(*p), std::vector<int>({1, 3}));
   EXPECT_EQ(p->stages[1].device_id, "c");
@@ -101,12 +102,14 @@ TEST(Plan, StopsBeforeAnyDownloadWhenTooSlow) {
   m.layer_cost_gemms = 1000;  // 30,000 reference GEMMs per token on a device doing 100/s: 300 s
   auto p = MakePlan(m, {Dev("head", 100, kGB)}, {});
   ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find("estimated time per token is 300.0 s"), std::string::npos) << p.status().message();
+  EXPECT_NE(p.status().message().find("estimated time per token is 300.0 s"), std::string::npos)
+      << p.status().message();
 }
 
 TEST(Plan, SpecSizesGrowWithTheModelAndTheContext) {
   ModelSpec s;
-  s.n_layers = 30, s.hidden = 576, s.n_heads = 9, s.n_kv_heads = 3, s.head_dim = 64, s.intermediate = 1536, s.vocab = 49152;
+  s.n_layers = 30, s.hidden = 576, s.n_heads = 9, s.n_kv_heads = 3, s.head_dim = 64, s.intermediate = 1536,
+  s.vocab = 49152;
   PlanModel m = PlanModelFromSpec(s, 0);
   // Weights of one SmolLM-135M layer: 576*(576+2*192) + 576*576 + 3*1536*576 int8 bytes.
   const uint64_t weights = 576ull * 960 + 576ull * 576 + 3ull * 1536 * 576;
@@ -215,7 +218,8 @@ Result<std::vector<int>> WalkLap(const Plan& plan, const RouteFn& route) {
     auto hop = route(plan, at);
     if (!hop.ok()) return hop.status();
     if (hop->to_return) return visited;
-    if (!seen.insert(hop->stage).second) return Aborted("stage " + std::to_string(hop->stage) + " visited twice in one lap");
+    if (!seen.insert(hop->stage).second)
+      return Aborted("stage " + std::to_string(hop->stage) + " visited twice in one lap");
     visited.push_back(hop->stage);
     at = hop->stage;
   }

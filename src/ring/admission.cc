@@ -24,7 +24,9 @@ using Json = nlohmann::json;
 using HttpReply = LanAnswer;
 
 // One HTTP exchange (the Hub client's libcurl code); Unavailable when the server cannot be reached.
-Result<HttpReply> Http(const std::string& url, const std::string* post_json) { return hub::LanExchange(url, post_json); }
+Result<HttpReply> Http(const std::string& url, const std::string* post_json) {
+  return hub::LanExchange(url, post_json);
+}
 
 std::string ErrorMessage(const HttpReply& r) {
   Json j = Json::parse(r.body, nullptr, false);
@@ -34,7 +36,9 @@ std::string ErrorMessage(const HttpReply& r) {
   return "HTTP " + std::to_string(r.status);
 }
 
-bool Stopped(const JoinOptions& o) { return o.stop && o.stop->load(); }
+bool Stopped(const JoinOptions& o) {
+  return o.stop && o.stop->load();
+}
 
 void Sleep(const JoinOptions& o, double seconds) {
   const auto end = Clock::now() + std::chrono::duration<double>(seconds);
@@ -74,10 +78,12 @@ Status CheckServerKey(const JoinOptions& o, const std::string& where, const std:
   if (!o.server_fingerprint.empty()) {
     DAISY_ASSIGN_OR_RETURN(std::string want, net::NormalizeFingerprint(o.server_fingerprint));
     if (want.size() != 16)
-      return InvalidArgument("--server-key wants the whole fingerprint serve printed (16 hex digits like ab12-cd34-ef56-7890)");
+      return InvalidArgument(
+          "--server-key wants the whole fingerprint serve printed (16 hex digits like ab12-cd34-ef56-7890)");
     if (want != net::KeyId(key))
       return PermissionDenied("the server at " + where + " presents key fingerprint " + fpr + ", not the " +
-                              o.server_fingerprint + " given with --server-key: refusing to join (check the fingerprint "
+                              o.server_fingerprint +
+                              " given with --server-key: refusing to join (check the fingerprint "
                               "`daisychain serve` printed; someone may be between this device and the server)");
     return Remember(file, where, key);
   }
@@ -85,11 +91,14 @@ Status CheckServerKey(const JoinOptions& o, const std::string& where, const std:
   auto it = known.find(where);
   if (it != known.end()) {
     if (it->second == key) return Status::Ok();
-    return PermissionDenied(
-        "THE SERVER KEY CHANGED: the server at " + where + " now presents key fingerprint " + fpr + ", but it presented " +
-        net::Fingerprint(it->second) + " when this device first joined it. Someone may be between this device and the "
-        "server. If the host really made a new key, compare " + fpr + " with the fingerprint `daisychain serve` prints, then "
-        "join with --server-key " + fpr + " (or delete the line for " + where + " from " + file.string() + ")");
+    return PermissionDenied("THE SERVER KEY CHANGED: the server at " + where + " now presents key fingerprint " + fpr +
+                            ", but it presented " + net::Fingerprint(it->second) +
+                            " when this device first joined it. Someone may be between this device and the "
+                            "server. If the host really made a new key, compare " +
+                            fpr +
+                            " with the fingerprint `daisychain serve` prints, then "
+                            "join with --server-key " +
+                            fpr + " (or delete the line for " + where + " from " + file.string() + ")");
   }
   std::fprintf(stderr,
                "the server at %s has key fingerprint %s: compare it with the one `daisychain serve` printed "
@@ -121,7 +130,8 @@ Result<std::string> AwaitAdmission(const JoinOptions& o, const net::KeyPair& key
   const std::string base = "http://" + where;
   const auto start = Clock::now();
   auto unreachable = [&](const Status& st) -> Status {
-    if (o.unreachable_timeout_s > 0 && std::chrono::duration<double>(Clock::now() - start).count() > o.unreachable_timeout_s)
+    if (o.unreachable_timeout_s > 0 &&
+        std::chrono::duration<double>(Clock::now() - start).count() > o.unreachable_timeout_s)
       return Unavailable("cannot reach `daisychain serve` at " + where + ": " + st.message());
     return Status::Ok();
   };
@@ -137,12 +147,14 @@ Result<std::string> AwaitAdmission(const JoinOptions& o, const net::KeyPair& key
         Json j = Json::parse(r->body, nullptr, false);
         if (!j.is_object() || !j.contains("public_key") || !j["public_key"].is_string() ||
             !net::IsPublicKey(j["public_key"].get<std::string>()))
-          return DataLoss("the server at " + where + " answered /api/key without a CURVE public key: is it `daisychain serve`?");
+          return DataLoss("the server at " + where +
+                          " answered /api/key without a CURVE public key: is it `daisychain serve`?");
         server_key = j["public_key"];
         break;
       }
       const Status st = r.ok() ? Unavailable(ErrorMessage(*r)) : r.status();
-      if (r.ok() && r->status == 404) return NotFound("the server at " + where + " has no /api/key: is it `daisychain serve` of this version?");
+      if (r.ok() && r->status == 404)
+        return NotFound("the server at " + where + " has no /api/key: is it `daisychain serve` of this version?");
       DAISY_RETURN_IF_ERROR(unreachable(st));
       if (!said) std::fprintf(stderr, "cannot reach %s yet (%s); trying again\n", where.c_str(), st.message().c_str());
       said = true;
@@ -163,7 +175,8 @@ Result<std::string> AwaitAdmission(const JoinOptions& o, const net::KeyPair& key
     if (a.ok()) {
       if (!told || Clock::now() - last_told > std::chrono::seconds(60)) {
         std::fprintf(stderr,
-                     "waiting for the host to approve %s (on the serve terminal: approve %s, or the Approve button in the web UI)\n",
+                     "waiting for the host to approve %s (on the serve terminal: approve %s, or the Approve button in "
+                     "the web UI)\n",
                      mine.c_str(), mine.c_str());
         told = true;
         last_told = Clock::now();

@@ -31,9 +31,12 @@ std::string_view MessageName(const wire::Message& message) {
                     message);
 }
 
-int32_t WireNext(const Hop& hop) { return hop.to_return ? wire::kNextReturn : hop.stage; }
+int32_t WireNext(const Hop& hop) {
+  return hop.to_return ? wire::kNextReturn : hop.stage;
+}
 
-Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash, HiddenStates&& hidden) {
+Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash,
+                              HiddenStates&& hidden) {
   DAISY_ASSIGN_OR_RETURN(Hop hop, Route(plan, from_stage));
   if (hidden.positions.empty()) return Internal("Bug: a hop without rows");
   OutgoingHop out;

@@ -1,12 +1,11 @@
 // Device identity and the measurements a hello carries (who a device is, in any role).
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <cctype>
-
-#include <xxhash.h>
 
 #include "daisy/kernels.h"
 #include "daisy/ring.h"
@@ -88,20 +87,37 @@ wire::Hello MeasureHello(const std::string& device_id, const std::string& name, 
 namespace daisy {
 
 namespace {
-void Put(std::string& s, const std::string& key, const std::string& value) { s += key + "=" + value + ";"; }
+void Put(std::string& s, const std::string& key, const std::string& value) {
+  s += key + "=" + value + ";";
+}
 }  // namespace
 
 uint64_t SpecHash(const ModelSpec& p) {
   std::string s;
   Put(s, "family", std::string(FamilyName(p.family)));
   Put(s, "arch", p.architecture);
-  for (auto [k, v] : {std::pair{"layers", p.n_layers}, {"hidden", p.hidden}, {"heads", p.n_heads}, {"kv", p.n_kv_heads},
-                      {"head_dim", p.head_dim}, {"inter", p.intermediate}, {"vocab", p.vocab}, {"pos", p.max_positions},
-                      {"norm", static_cast<int>(p.norm)}, {"act", static_cast<int>(p.activation)},
-                      {"gated", p.gated_mlp}, {"learned", p.learned_positions}, {"tied", p.tied_embeddings},
-                      {"fused", p.fused_qkv}, {"qkvb", p.qkv_bias}, {"ob", p.o_bias}, {"mlpb", p.mlp_bias},
-                      {"layout", static_cast<int>(p.layout)}, {"swa", p.use_sliding_window}, {"sw", p.sliding_window},
-                      {"mwl", p.max_window_layers}, {"rs", static_cast<int>(p.rope_scaling.type)}})
+  for (auto [k, v] : {std::pair{"layers", p.n_layers},
+                      {"hidden", p.hidden},
+                      {"heads", p.n_heads},
+                      {"kv", p.n_kv_heads},
+                      {"head_dim", p.head_dim},
+                      {"inter", p.intermediate},
+                      {"vocab", p.vocab},
+                      {"pos", p.max_positions},
+                      {"norm", static_cast<int>(p.norm)},
+                      {"act", static_cast<int>(p.activation)},
+                      {"gated", p.gated_mlp},
+                      {"learned", p.learned_positions},
+                      {"tied", p.tied_embeddings},
+                      {"fused", p.fused_qkv},
+                      {"qkvb", p.qkv_bias},
+                      {"ob", p.o_bias},
+                      {"mlpb", p.mlp_bias},
+                      {"layout", static_cast<int>(p.layout)},
+                      {"swa", p.use_sliding_window},
+                      {"sw", p.sliding_window},
+                      {"mwl", p.max_window_layers},
+                      {"rs", static_cast<int>(p.rope_scaling.type)}})
     Put(s, k, std::to_string(v));
   // Floating fields by their bits: equal specs hash equal on every machine.
   char buf[64];

@@ -25,7 +25,9 @@ Result<std::unique_ptr<RoomMember>> RoomMember::Create(const Options& options) {
   return m;
 }
 
-RoomMember::~RoomMember() { Leave(); }
+RoomMember::~RoomMember() {
+  Leave();
+}
 
 JoinOptions RoomMember::Join() const {
   JoinOptions jo;
@@ -64,7 +66,9 @@ Status RoomMember::StartPulse() {
   return Status::Ok();
 }
 
-bool RoomMember::RendezvousLost() const { return pulse_ && pulse_->SilentFor() > net::kRendezvousLostSeconds; }
+bool RoomMember::RendezvousLost() const {
+  return pulse_ && pulse_->SilentFor() > net::kRendezvousLostSeconds;
+}
 
 Status RoomMember::Readmit() {
   DAISY_ASSIGN_OR_RETURN(std::string again, AwaitAdmission(Join(), keys_));
@@ -82,7 +86,7 @@ void RoomMember::SendJoin(int timeout_ms) {
 
 void RoomMember::Leave() {
   if (!pulse_) return;
-  pulse_.reset();  // no join after the bye
+  pulse_.reset();                                                       // no join after the bye
   (void)ep_->Send(o_.rendezvous, wire::Message(wire::Bye{id()}), 300);  // leave the room now
 }
 
@@ -134,7 +138,9 @@ std::string RoomMember::KeyOf(const std::string& device_id) const {
   return {};
 }
 
-bool RoomMember::Has(const std::string& device_id) const { return !KeyOf(device_id).empty(); }
+bool RoomMember::Has(const std::string& device_id) const {
+  return !KeyOf(device_id).empty();
+}
 
 bool RoomMember::seen_peers() const {
   std::lock_guard<std::mutex> lock(mu_);

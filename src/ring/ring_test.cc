@@ -1,7 +1,7 @@
 // The ring module's pure parts: the plan's wire form and the hop codec routed by plan::Route.
-#include <gtest/gtest.h>
-
 #include "daisy/ring.h"
+
+#include <gtest/gtest.h>
 
 namespace daisy {
 namespace {
@@ -66,7 +66,8 @@ TEST(HopCodec, ALapFollowsRouteAndReturnsToTheHead) {
     hop = EncodeHop(p, at, 7, 0xabcd, std::move(*rows));
     ASSERT_TRUE(hop.ok());
   }
-  EXPECT_EQ(visited, (std::vector<std::string>{"tcp://127.0.0.1:9001", "tcp://127.0.0.1:9002", "tcp://127.0.0.1:9000"}));
+  EXPECT_EQ(visited,
+            (std::vector<std::string>{"tcp://127.0.0.1:9001", "tcp://127.0.0.1:9002", "tcp://127.0.0.1:9000"}));
   EXPECT_EQ(hop->activation.next, wire::kNextReturn);
   EXPECT_EQ(hop->activation.token_index, 5);
 }

@@ -6,7 +6,6 @@
 #include <optional>
 #include <utility>
 
-#include "daisy/generator.h"
 #include "daisy/status.h"
 #include "daisy/tokenizer.h"
 
@@ -523,6 +522,7 @@ int JsonTokenTable::TokensFor(std::string_view text) const {
   for (size_t i = m; i-- > 0;) {
     size_t node = 0;
     for (size_t j = i; j < m && j - i < 16; ++j) {
+      // NOLINTNEXTLINE(bugprone-signed-char-misuse): symbol_ holds numbers, -1 for a byte outside the alphabet
       const int sym = symbol_[static_cast<uint8_t>(text[j])];
       if (sym < 0) break;
       const int32_t next = trie_[node * static_cast<size_t>(n_symbols_) + static_cast<size_t>(sym)];
@@ -643,12 +643,13 @@ bool JsonMode::Accept(int32_t id) {
   return state_.complete();
 }
 
-void JsonMode::Install(GenerateOptions& options, std::shared_ptr<JsonMode> mode) {
+void JsonMode::Install(std::span<const int32_t> stop_ids, ConstrainHook& constrain, StopAfterHook& stop_after,
+                       const std::shared_ptr<JsonMode>& mode) {
   DAISY_CHECK(mode != nullptr, "Bug: JsonMode::Install without a mode");
   mode->Reset();
-  mode->Forbid(options.stop_ids);
+  mode->Forbid(stop_ids);
   auto last_left = std::make_shared<int>(std::numeric_limits<int>::max());
-  options.constrain = [mode, last_left, prev = std::move(options.constrain)](std::span<float> logits, int tokens_left) {
+  constrain = [mode, last_left, prev = std::move(constrain)](std::span<float> logits, int tokens_left) {
     if (prev) prev(logits, tokens_left);
     // Within a turn tokens_left falls by one per token and the object is open; anything
     // else is a new turn (the options reused, or the head replaying the turn).
@@ -656,7 +657,7 @@ void JsonMode::Install(GenerateOptions& options, std::shared_ptr<JsonMode> mode)
     *last_left = tokens_left;
     mode->Constrain(logits, tokens_left);
   };
-  options.stop_after = [mode, prev = std::move(options.stop_after)](int32_t id) {
+  stop_after = [mode, prev = std::move(stop_after)](int32_t id) {
     const bool closed = mode->Accept(id);
     const bool other = prev && prev(id);
     return closed || other;

@@ -21,7 +21,9 @@ uint64_t Mix64(uint64_t z) {  // the SplitMix64 output function
 }
 
 // The ranking key: NaN as -inf, so the order below is total and NaN never wins.
-float RankValue(float logit) { return std::isnan(logit) ? -std::numeric_limits<float>::infinity() : logit; }
+float RankValue(float logit) {
+  return std::isnan(logit) ? -std::numeric_limits<float>::infinity() : logit;
+}
 
 // The total order of candidates: logit descending, then id ascending.
 struct Before {
@@ -160,6 +162,8 @@ int32_t SampleTokenWithCoin(std::span<const float> logits, const SamplingParams&
   return order[n_cand - 1];
 }
 
-bool StopSet::Contains(int32_t id) const { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+bool StopSet::Contains(int32_t id) const {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
 
 }  // namespace daisy

@@ -4,22 +4,24 @@
 
 #include <gtest/gtest.h>
 
-#include "daisy/detmath.h"
-
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
-#include <algorithm>
 #include <set>
 #include <vector>
+
+#include "daisy/detmath.h"
 
 namespace daisy {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::vector<float> SmallLogits() { return {1.0f, 2.5f, -0.5f, 2.0f, 0.0f, 1.5f, -2.0f, 0.7f}; }
+std::vector<float> SmallLogits() {
+  return {1.0f, 2.5f, -0.5f, 2.0f, 0.0f, 1.5f, -2.0f, 0.7f};
+}
 
 // Softmax in double with the platform libm: an independent reference for the frequencies.
 std::vector<double> Softmax(const std::vector<float>& logits, double temperature) {
@@ -141,7 +143,8 @@ TEST(SamplingTest, ReplayGivesTheSameTokens) {
   EXPECT_EQ(first, second);
   // A different seed gives a different sequence.
   std::vector<int32_t> other;
-  for (int64_t pos = 0; pos < 500; ++pos) other.push_back(SampleToken(logits, {.temperature = 1.0f, .top_k = 5, .top_p = 0.9f, .seed = 43}, pos));
+  for (int64_t pos = 0; pos < 500; ++pos)
+    other.push_back(SampleToken(logits, {.temperature = 1.0f, .top_k = 5, .top_p = 0.9f, .seed = 43}, pos));
   EXPECT_NE(first, other);
 }
 
@@ -237,9 +240,8 @@ TEST(SamplingTest, TopPOverALargeVocabularyMatchesAFullSort) {
     }
     std::vector<int32_t> order(logits.size());
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-    });
+    std::sort(order.begin(), order.end(),
+              [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
     double cum = 0;
     int nucleus = 0;
     while (nucleus < static_cast<int>(order.size())) {

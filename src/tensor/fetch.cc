@@ -1,8 +1,8 @@
 // Range planning and tensor fetching: a stage's tensors cost about one request per file.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -199,7 +199,8 @@ Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const st
   }
   std::vector<ByteRange> plan;
   for (auto& [file, ranges] : per_file) {
-    for (auto& r : CoalesceRanges(std::move(ranges), std::min(max_gap, wanted_bytes[file] / 100))) plan.push_back(std::move(r));
+    for (auto& r : CoalesceRanges(std::move(ranges), std::min(max_gap, wanted_bytes[file] / 100)))
+      plan.push_back(std::move(r));
   }
 
   TransferProgress prog;
@@ -231,9 +232,8 @@ Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const st
         if (!opened.ok()) return pipe.Finish(opened.status());
         file = std::move(*opened);
       }
-      Status st = file->ReadStream(r.offset, r.length, [&](std::span<const uint8_t> chunk) {
-        return pipe.Push(ri, chunk);
-      });
+      Status st =
+          file->ReadStream(r.offset, r.length, [&](std::span<const uint8_t> chunk) { return pipe.Push(ri, chunk); });
       if (!st.ok()) {
         return pipe.Finish(st.WithContext("fetching " + r.file + " bytes " + std::to_string(r.offset) + ".." +
                                           std::to_string(r.offset + r.length)));
@@ -252,10 +252,10 @@ Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const st
   } join_reader{pipe, reader};
 
   BlockAssembler blocks(sink);
-  size_t next = 0;  // next tensor (in infos order) to complete
-  bool started = false;     // whether infos[next]'s first byte has been taken
-  uint64_t range_base = 0;  // bytes of the plan before the current range
-  size_t ri = 0;            // the range the next chunk belongs to
+  size_t next = 0;                                   // next tensor (in infos order) to complete
+  bool started = false;                              // whether infos[next]'s first byte has been taken
+  uint64_t range_base = 0;                           // bytes of the plan before the current range
+  size_t ri = 0;                                     // the range the next chunk belongs to
   uint64_t pos = plan.empty() ? 0 : plan[0].offset;  // absolute file offset of the next byte to arrive
   PrefetchPipe::Chunk piece;
   while (true) {

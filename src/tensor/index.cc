@@ -28,7 +28,8 @@ Result<TensorIndex> TensorIndex::Open(ModelSource& source) {
       return InvalidArgument(where + ": no \"weight_map\" object");
     std::set<std::string> files;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) return InvalidArgument(where + ": weight_map entry '" + it.key() + "' is not a file name");
+      if (!it.value().is_string())
+        return InvalidArgument(where + ": weight_map entry '" + it.key() + "' is not a file name");
       std::string file = it.value().get<std::string>();
       if (!IsSafeFileName(file) || !file.ends_with(".safetensors"))
         return InvalidArgument(where + ": weight_map names an unsafe or non-safetensors file '" + file + "'");
@@ -92,7 +93,9 @@ Status TensorIndex::LoadHeadersFor(ModelSource& source, const std::vector<std::s
     DAISY_RETURN_IF_ERROR(AddHeader(std::move(header)));
   }
   for (const auto& n : names)
-    if (!Find(n)) return InvalidArgument("the index of " + source.Describe() + " puts tensor '" + n + "' in " + weight_map_.find(n)->second + ", whose header does not have it");
+    if (!Find(n))
+      return InvalidArgument("the index of " + source.Describe() + " puts tensor '" + n + "' in " +
+                             weight_map_.find(n)->second + ", whose header does not have it");
   return Status::Ok();
 }
 
@@ -103,7 +106,9 @@ Status TensorIndex::LoadAllHeaders(ModelSource& source) {
   return LoadHeadersFor(source, all);
 }
 
-bool TensorIndex::Has(std::string_view name) const { return weight_map_.find(name) != weight_map_.end(); }
+bool TensorIndex::Has(std::string_view name) const {
+  return weight_map_.find(name) != weight_map_.end();
+}
 
 const TensorInfo* TensorIndex::Find(std::string_view name) const {
   auto it = by_name_.find(name);

@@ -20,10 +20,9 @@ struct DTypeEntry {
 };
 
 constexpr DTypeEntry kDTypes[] = {
-    {"F32", DType::kF32, 4},   {"F16", DType::kF16, 2},         {"BF16", DType::kBF16, 2},
-    {"F64", DType::kF64, 8},   {"I8", DType::kI8, 1},           {"U8", DType::kU8, 1},
-    {"I16", DType::kI16, 2},   {"U16", DType::kU16, 2},         {"I32", DType::kI32, 4},
-    {"U32", DType::kU32, 4},   {"I64", DType::kI64, 8},         {"U64", DType::kU64, 8},
+    {"F32", DType::kF32, 4},   {"F16", DType::kF16, 2},        {"BF16", DType::kBF16, 2},      {"F64", DType::kF64, 8},
+    {"I8", DType::kI8, 1},     {"U8", DType::kU8, 1},          {"I16", DType::kI16, 2},        {"U16", DType::kU16, 2},
+    {"I32", DType::kI32, 4},   {"U32", DType::kU32, 4},        {"I64", DType::kI64, 8},        {"U64", DType::kU64, 8},
     {"BOOL", DType::kBool, 1}, {"F8_E4M3", DType::kF8E4M3, 1}, {"F8_E5M2", DType::kF8E5M2, 1},
 };
 
@@ -34,11 +33,14 @@ bool NestingWithin(std::string_view json, int max_depth) {
   for (size_t i = 0; i < json.size(); ++i) {
     char c = json[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
+    if (c == '"')
+      in_string = true;
     else if (c == '{' || c == '[') {
       if (++depth > max_depth) return false;
     } else if (c == '}' || c == ']') {
@@ -48,7 +50,9 @@ bool NestingWithin(std::string_view json, int max_depth) {
   return true;
 }
 
-bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 
 }  // namespace
 
@@ -77,7 +81,9 @@ uint64_t TensorInfo::Elements() const {
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file, std::string_view header_json,
                                                  uint64_t header_len, uint64_t file_size) {
   const std::string where(file);
-  auto bad = [&](const std::string& what) { return InvalidArgument(where + ": malformed safetensors header: " + what); };
+  auto bad = [&](const std::string& what) {
+    return InvalidArgument(where + ": malformed safetensors header: " + what);
+  };
   if (header_len > kMaxSafetensorsHeader)
     return bad("header length " + std::to_string(header_len) + " exceeds the limit of " +
                std::to_string(kMaxSafetensorsHeader) + " bytes");
@@ -195,7 +201,9 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(ByteSource& source, std::string_
   return ParseSafetensorsHeader(file, json, header_len, size);
 }
 
-float WidenBF16(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+float WidenBF16(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
 
 float WidenF16(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -211,7 +219,8 @@ float WidenF16(uint16_t h) {
 Status WidenToF32(DType dtype, std::span<const uint8_t> raw, std::span<float> out) {
   const size_t esize = DTypeSize(dtype);
   if (!IsWeightDType(dtype))
-    return Unimplemented("dtype " + std::string(DTypeName(dtype)) + " is not supported for weights (F32, F16, BF16 are)");
+    return Unimplemented("dtype " + std::string(DTypeName(dtype)) +
+                         " is not supported for weights (F32, F16, BF16 are)");
   if (raw.size() != out.size() * esize) return Internal("Bug: WidenToF32 size mismatch");
   static_assert(std::endian::native == std::endian::little, "big-endian hosts need byte swaps here");
   switch (dtype) {

@@ -48,7 +48,8 @@ void ExpectRefused(const std::string& bytes, const std::string& needle) {
 }
 
 TEST(SafetensorsHeader, AcceptsAValidFileWithMetadata) {
-  std::string h = R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,3],"data_offsets":[16,28]},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+  std::string h =
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,3],"data_offsets":[16,28]},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
   auto dir = fs::temp_directory_path() / "daisy_st_test";
   fs::create_directories(dir);
   { std::ofstream(dir / "ok.safetensors", std::ios::binary) << FileBytes(h, 28); }
@@ -77,7 +78,11 @@ TEST(SafetensorsHeader, RefusesMalformedFilesWithClearErrors) {
   ExpectRefused(FileBytes("{\"a\":{\"dtype\":\"F32\",", 0), "invalid JSON");
   ExpectRefused(FileBytes(std::string(5000, '[') + std::string(5000, ']'), 0), "nested too deeply");
   // Overlapping and out-of-range offsets.
-  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", 24), "overlap");
+  ExpectRefused(
+      FileBytes(
+          R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+          24),
+      "overlap");
   ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8), "outside the data section");
   ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})", 16), "begin > end");
   // Size / shape mismatch.
@@ -85,8 +90,10 @@ TEST(SafetensorsHeader, RefusesMalformedFilesWithClearErrors) {
   // Unknown dtype.
   ExpectRefused(FileBytes(R"({"a":{"dtype":"Q4_K","shape":[4],"data_offsets":[0,16]}})", 16), "unknown dtype 'Q4_K'");
   // Shapes whose product overflows 64 bits.
-  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", 16), "overflows 64 bits");
-  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,16]}})", 16), "overflows 64 bits");
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", 16),
+                "overflows 64 bits");
+  ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,16]}})", 16),
+                "overflows 64 bits");
   // Wrong field types.
   ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", 16), "non-negative integer");
   ExpectRefused(FileBytes(R"({"a":{"dtype":"F32","shape":[4]}})", 16), "data_offsets");
@@ -125,7 +132,9 @@ TEST(Widening, F16IsExactForAll65536Patterns) {
     if (((h >> 10) & 0x1f) == 0x1f && (h & 0x3ff) != 0) {
       // NaN: sign and payload kept bit for bit (no quieting).
       ++nans;
-      ASSERT_EQ(bits, (static_cast<uint32_t>(h & 0x8000) << 16) | 0x7f800000u | (static_cast<uint32_t>(h & 0x3ff) << 13)) << b;
+      ASSERT_EQ(bits,
+                (static_cast<uint32_t>(h & 0x8000) << 16) | 0x7f800000u | (static_cast<uint32_t>(h & 0x3ff) << 13))
+          << b;
       continue;
     }
     // Independent reference: the compiler's own half-precision conversion.
@@ -141,13 +150,12 @@ TEST(Widening, F16IsExactForAll65536Patterns) {
 }
 
 TEST(RangePlanner, CoalescesNearbyRangesPerFile) {
-  std::vector<ByteRange> r = {
-      {"b", 100, 10}, {"a", 0, 10}, {"a", 10, 5}, {"a", 40, 10}, {"a", 1000, 1}, {"b", 0, 0}};
+  std::vector<ByteRange> r = {{"b", 100, 10}, {"a", 0, 10}, {"a", 10, 5}, {"a", 40, 10}, {"a", 1000, 1}, {"b", 0, 0}};
   auto out = CoalesceRanges(r, 30);
   ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[0].file, "a");
   EXPECT_EQ(out[0].offset, 0u);
-  EXPECT_EQ(out[0].length, 50u);  // gap of 25 <= 30 merged
+  EXPECT_EQ(out[0].length, 50u);    // gap of 25 <= 30 merged
   EXPECT_EQ(out[1].offset, 1000u);  // gap of 950 > 30 kept apart
   EXPECT_EQ(out[2].file, "b");
   EXPECT_EQ(out[2].length, 10u);
@@ -200,7 +208,8 @@ Result<std::unique_ptr<ByteSource>> CountingSource::OpenFile(std::string_view f)
 void WriteShard(const fs::path& path, int first, int count, int n) {
   nlohmann::json h = nlohmann::json::object();
   for (int i = 0; i < count; ++i)
-    h["t" + std::to_string(first + i)] = {{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {i * n * 4, (i + 1) * n * 4}}};
+    h["t" + std::to_string(first + i)] = {
+        {"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {i * n * 4, (i + 1) * n * 4}}};
   std::string hs = h.dump();
   std::string bytes = FileBytes(hs, 0);
   for (int i = 0; i < count; ++i)
@@ -240,8 +249,8 @@ TEST(TensorIndex, ShardedRepoTouchesOnlyTheShardsARequestNeeds) {
                 got.emplace_back(t.name, v[3]);
                 return Status::Ok();
               }).ok());
-  EXPECT_EQ(src.reads, 1);          // three adjacent tensors: one request
-  EXPECT_EQ(src.bytes, 3u * 32u);   // exactly their bytes
+  EXPECT_EQ(src.reads, 1);         // three adjacent tensors: one request
+  EXPECT_EQ(src.bytes, 3u * 32u);  // exactly their bytes
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[0], (std::pair<std::string, float>("t5", 5003.0f)));
   EXPECT_EQ(got[2], (std::pair<std::string, float>("t7", 7003.0f)));
@@ -274,11 +283,15 @@ TEST(FetchTensors, DeliversEveryTensorOfTheBundledModelInOrder) {
   src.reads = 0;
   uint64_t elements = 0;
   TransferProgress last;
-  ASSERT_TRUE(FetchTensors(src, *index, names, [&](const TensorInfo& t, std::span<const float> v) {
-                EXPECT_EQ(v.size(), t.Elements());
-                elements += v.size();
-                return Status::Ok();
-              }, [&](const TransferProgress& p) { last = p; }).ok());
+  ASSERT_TRUE(FetchTensors(
+                  src, *index, names,
+                  [&](const TensorInfo& t, std::span<const float> v) {
+                    EXPECT_EQ(v.size(), t.Elements());
+                    elements += v.size();
+                    return Status::Ok();
+                  },
+                  [&](const TransferProgress& p) { last = p; })
+                  .ok());
   EXPECT_EQ(elements, 260032u);
   EXPECT_EQ(src.reads, 1);
   EXPECT_EQ(last.bytes_done, last.bytes_total);
@@ -332,7 +345,8 @@ TEST(FetchTensorBlocks, HandsOverBoundedBlocksOfWholeRows) {
         EXPECT_TRUE(b.n_rows <= 1 || b.values.size() * sizeof(float) <= kTensorBlockBytes) << b.n_rows;
         std::vector<float> widened(b.values.size());
         EXPECT_TRUE(WidenToF32(b.info->dtype, b.raw, widened).ok());
-        if (!widened.empty()) EXPECT_EQ(std::memcmp(widened.data(), b.values.data(), widened.size() * 4), 0);  // no memcmp of null
+        if (!widened.empty())
+          EXPECT_EQ(std::memcmp(widened.data(), b.values.data(), widened.size() * 4), 0);  // no memcmp of null
         if (b.info->name == "big")
           std::copy(b.values.begin(), b.values.end(), big.begin() + b.row_begin * b.row_elements);
         if (b.info->name == "vec") {
@@ -461,9 +475,8 @@ TEST(FetchTensorBlocks, ErrorsFromEitherSideStopTheFetch) {
     auto index = TensorIndex::Load(src);
     ASSERT_TRUE(index.ok());
     src.handed = 0;
-    const Status st = FetchTensorBlocks(src, *index, {"big"}, [&](const TensorBlock&) -> Status {
-      return InvalidArgument("the sink refuses (test)");
-    });
+    const Status st = FetchTensorBlocks(
+        src, *index, {"big"}, [&](const TensorBlock&) -> Status { return InvalidArgument("the sink refuses (test)"); });
     EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(st.message().find("the sink refuses (test)"), std::string::npos) << st.ToString();
     EXPECT_LT(src.handed.load(), total);  // the reader stopped early

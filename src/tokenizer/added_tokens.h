@@ -3,8 +3,8 @@
 // single_word, lstrip and rstrip as the Rust library applies them. Immutable; thread-safe.
 #pragma once
 
-#include <cstdint>
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>

@@ -136,8 +136,8 @@ const Bpe::MergeValue* Bpe::FindMerge(int32_t a, int32_t b) const {
 }
 
 const std::string& Bpe::IdToToken(int32_t id) const {
-  static const std::string empty;
-  if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) return empty;
+  static const std::string kEmpty;
+  if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) return kEmpty;
   return id_to_token_[static_cast<size_t>(id)];
 }
 

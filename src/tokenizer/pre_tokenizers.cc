@@ -28,8 +28,8 @@ struct ByteTable {
 };
 
 const ByteTable& Table() {
-  static const ByteTable t;
-  return t;
+  static const ByteTable kTable;
+  return kTable;
 }
 
 // Applies fn(piece, out) to every piece without a token; pieces with tokens pass through.

@@ -35,7 +35,7 @@ void AppendRangeItems(std::string& out, std::span<const CodeRange> ranges) {
 // Class items of a property from the generated tables, "" if the name is not one of them.
 // Names follow Oniguruma: case, spaces, '_' and '-' are ignored; long names are accepted.
 const std::string& PropertyItems(std::string_view raw_name) {
-  static const std::string none;
+  static const std::string kNone;
   static const auto* items_by_name = [] {
     auto* m = new std::map<std::string, std::string>();
     const std::pair<const char*, std::vector<const char*>> aliases_by_table[] = {
@@ -73,18 +73,18 @@ const std::string& PropertyItems(std::string_view raw_name) {
     key.push_back(static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c));
   }
   auto it = items_by_name->find(key);
-  return it == items_by_name->end() ? none : it->second;
+  return it == items_by_name->end() ? kNone : it->second;
 }
 
 // Oniguruma's \w for Unicode subjects: Alphabetic, Mark, Decimal_Number,
 // Connector_Punctuation, Join_Control.
 const std::string& WordItems() {
-  static const std::string word_items = [] {
+  static const std::string kWordItems = [] {
     std::string s;
     for (const char* t : {"Alphabetic", "M", "Nd", "Pc"}) AppendRangeItems(s, PropertyRanges(t));
     return s + "\\x{200C}\\x{200D}";
   }();
-  return word_items;
+  return kWordItems;
 }
 
 struct JitStack {

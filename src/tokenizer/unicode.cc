@@ -157,8 +157,8 @@ bool IsWhitespace(uint32_t c) {
 
 bool IsNumeric(uint32_t c) {
   if (c < 0x80) return c >= '0' && c <= '9';
-  static const auto numeric = PropertyRanges("N");
-  return InRanges(numeric, c);
+  static const auto kNumeric = PropertyRanges("N");
+  return InRanges(kNumeric, c);
 }
 
 bool IsWordChar(uint32_t c) {
@@ -166,9 +166,9 @@ bool IsWordChar(uint32_t c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
   }
   if (c == 0x200C || c == 0x200D) return true;
-  static const auto alphabetic = PropertyRanges("Alphabetic"), mark = PropertyRanges("M"),
-                    decimal = PropertyRanges("Nd"), connector = PropertyRanges("Pc");
-  return InRanges(alphabetic, c) || InRanges(mark, c) || InRanges(decimal, c) || InRanges(connector, c);
+  static const auto kAlphabetic = PropertyRanges("Alphabetic"), kMark = PropertyRanges("M"),
+                    kDecimal = PropertyRanges("Nd"), kConnector = PropertyRanges("Pc");
+  return InRanges(kAlphabetic, c) || InRanges(kMark, c) || InRanges(kDecimal, c) || InRanges(kConnector, c);
 }
 
 void AppendLowercase(std::string& out, uint32_t c) {

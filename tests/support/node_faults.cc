@@ -22,8 +22,11 @@ std::string TestNodeFaults::Describe() const {
   std::string s;
   if (flip_every_ > 0)
     s += "flipping a bit of every " + std::to_string(flip_every_) + "-th hop's output" +
-         (lie_ == Lie::kAfterReport ? " after reporting its honest digest" : lie_ == Lie::kAfterReceipt ? " after its honest digest and receipt" : "");
-  if (hop_delay_ms_ > 0) s += std::string(s.empty() ? "" : "; ") + "delaying every hop by " + std::to_string(hop_delay_ms_) + " ms";
+         (lie_ == Lie::kAfterReport    ? " after reporting its honest digest"
+          : lie_ == Lie::kAfterReceipt ? " after its honest digest and receipt"
+                                       : "");
+  if (hop_delay_ms_ > 0)
+    s += std::string(s.empty() ? "" : "; ") + "delaying every hop by " + std::to_string(hop_delay_ms_) + " ms";
   return s;
 }
 
@@ -38,7 +41,11 @@ void TestNodeFaults::OnHopOutput(std::vector<float>& values) {
   ++hops_;
   Flip(values, Lie::kInOutput);
 }
-void TestNodeFaults::AfterReport(std::vector<float>& values) { Flip(values, Lie::kAfterReport); }
-void TestNodeFaults::AfterReceipt(std::vector<float>& values) { Flip(values, Lie::kAfterReceipt); }
+void TestNodeFaults::AfterReport(std::vector<float>& values) {
+  Flip(values, Lie::kAfterReport);
+}
+void TestNodeFaults::AfterReceipt(std::vector<float>& values) {
+  Flip(values, Lie::kAfterReceipt);
+}
 
 }  // namespace daisy::test

@@ -166,7 +166,8 @@ struct TestHub::Impl {
     auto started = std::make_shared<std::chrono::steady_clock::time_point>();
     res.set_content_provider(
         static_cast<size_t>(length), "application/octet-stream",
-        [this, file, first, cut, stall, pause_ms, sent, rate, delay_ms, started](size_t offset, size_t want, httplib::DataSink& sink) mutable {
+        [this, file, first, cut, stall, pause_ms, sent, rate, delay_ms, started](size_t offset, size_t want,
+                                                                                 httplib::DataSink& sink) mutable {
           char buf[64 * 1024];
           uint64_t n = std::min<uint64_t>(want, sizeof buf);
           if (*sent == 0 && delay_ms > 0) {  // a slow server: nothing at all for a while

@@ -3,6 +3,8 @@
 
 namespace daisy::cli {
 
-NodeFaults* ProcessNodeFaults() { return nullptr; }
+NodeFaults* ProcessNodeFaults() {
+  return nullptr;
+}
 
 }  // namespace daisy::cli
