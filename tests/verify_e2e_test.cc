@@ -12,7 +12,6 @@
 
 #include "daisy/net.h"
 #include "daisy/node.h"
-#include "daisy/ring.h"
 #include "e2e_util.h"
 #include "node_faults.h"
 #include "proc_util.h"

@@ -14,9 +14,9 @@ double Since(Clock::time_point t) {
 }
 }  // namespace
 
-StageAudit::StageAudit(AuditSetup setup, HeadRoom& room, const Plan& plan, int32_t seq, uint32_t model_hash, int hidden,
-                       double lap_timeout_s)
-    : setup_(std::move(setup)),
+StageAudit::StageAudit(const AuditSetup& setup, HeadRoom& room, const Plan& plan, int32_t seq, uint32_t model_hash,
+                       int hidden, double lap_timeout_s)
+    : setup_(setup),
       room_(room),
       plan_(plan),
       seq_(seq),

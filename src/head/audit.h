@@ -35,7 +35,7 @@ struct AuditSetup {
 
 class StageAudit {
  public:
-  StageAudit(AuditSetup setup, HeadRoom& room, const Plan& plan, int32_t seq, uint32_t model_hash, int hidden,
+  StageAudit(const AuditSetup& setup, HeadRoom& room, const Plan& plan, int32_t seq, uint32_t model_hash, int hidden,
              double lap_timeout_s);
 
   // What the head sent stage 1 for the lap starting at `position`.

@@ -9,8 +9,8 @@ double Since(std::chrono::steady_clock::time_point t) {
 }
 }  // namespace
 
-void NetLink::EnableAudit(AuditSetup setup) {
-  audit_ = std::make_unique<StageAudit>(std::move(setup), room_, plan_, seq_, model_hash_, hidden_, lap_timeout_s_);
+void NetLink::EnableAudit(const AuditSetup& setup) {
+  audit_ = std::make_unique<StageAudit>(setup, room_, plan_, seq_, model_hash_, hidden_, lap_timeout_s_);
 }
 
 const std::string& NetLink::failed_device() const {

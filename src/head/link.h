@@ -31,7 +31,7 @@ class NetLink final : public StageLink {
   // Waits for the oldest batch to come back on the RETURN leg.
   Result<HiddenStates> Collect() override;
 
-  void EnableAudit(AuditSetup setup);
+  void EnableAudit(const AuditSetup& setup);
 
   int64_t hops() const { return hops_; }
   int64_t positions() const { return positions_; }

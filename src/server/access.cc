@@ -143,7 +143,7 @@ std::string NewSecret() {
     std::random_device rd;
     for (auto& b : bytes) b = static_cast<unsigned char>(rd());
   }
-  static const char* kHex = "0123456789abcdef";
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   for (unsigned char b : bytes) {
     out += kHex[b >> 4];

@@ -345,7 +345,8 @@ std::variant<UiChatRequest, ApiError> ParseUiChatRequest(std::string_view body) 
                                        "seed",         "top_p",    "top_k",      "verify", "stages"};
   for (const auto& [key, value] : j.items()) {
     (void)value;
-    if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; }) == std::end(kKnown))
+    if (std::find_if(std::begin(kKnown), std::end(kKnown), [&name = key](const char* k) { return name == k; }) ==
+        std::end(kKnown))
       return BadRequest("unknown field '" + key.substr(0, 64) +
                             "' (known: conversation, messages, max_tokens, ctx, temperature, seed, top_p, top_k, "
                             "verify, stages)",
@@ -522,7 +523,7 @@ Json UsageChunk(const CompletionResult& r, bool chat) {
 
 std::string NewCompletionId(bool chat) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
-  static const char* kHex = "0123456789abcdef";
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string id = chat ? "chatcmpl-" : "cmpl-";
   for (int i = 0; i < 24; ++i) id.push_back(kHex[rng() & 15]);
   return id;

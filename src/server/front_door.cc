@@ -87,7 +87,7 @@ void FrontDoor::AddRoutes(GuardedHttpServer& http) const {
         res.status == 404 ? "no such endpoint: " + req.method + " " + req.path : "HTTP " + std::to_string(res.status);
     res.set_content(Dump(ErrorBody(e)), "application/json");
   });
-  http.set_exception_handler([](const Req&, Res& res, std::exception_ptr ep) {
+  http.set_exception_handler([](const Req&, Res& res, const std::exception_ptr& ep) {
     std::string what = "unknown";
     try {
       std::rethrow_exception(ep);

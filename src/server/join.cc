@@ -26,7 +26,7 @@ void SendError(httplib::Response& res, int status, const std::string& message, c
 
 }  // namespace
 
-void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rv, std::string room_hint, SourceOf source_of) {
+void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rv, std::string room_hint, const SourceOf& source_of) {
   http.Get("/api/key", [rv, room_hint](const httplib::Request&, httplib::Response& res) {
     if (!rv) return SendError(res, 503, "this server runs no rendezvous", "", "server_error");
     Send(res, 200,

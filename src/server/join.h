@@ -17,7 +17,8 @@ namespace srv {
 // otherwise the peer address httplib saw.
 using SourceOf = std::function<std::string(int remote_port)>;
 
-void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rendezvous, std::string room_hint, SourceOf source_of);
+void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rendezvous, std::string room_hint,
+                   const SourceOf& source_of);
 
 }  // namespace srv
 }  // namespace daisy

@@ -106,7 +106,7 @@ Result<ModelView> TurnRunner::Load(const std::string& source, int ctx) {
   return m;
 }
 
-TurnOutcome TurnRunner::Run(TurnSpec spec, const TurnHooks& hooks) {
+TurnOutcome TurnRunner::Run(const TurnSpec& spec, const TurnHooks& hooks) {
   TurnOutcome out;
   TurnQueue::Ticket ticket;
   EndTurn end{ticket, on_change_};

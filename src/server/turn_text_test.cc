@@ -1,8 +1,8 @@
 // TurnText: the head's text of each token through a turn's stop strings, withdrawn tokens
 // and the text the head holds back to the end. No model: the pieces are made up.
-#include <gtest/gtest.h>
+#include "turn_text.h"
 
-#include "turn_runner.h"
+#include <gtest/gtest.h>
 
 namespace daisy::srv {
 namespace {

@@ -288,10 +288,10 @@ static_assert(kTag<HopReceipt> == -36);
 
 template <size_t... I>
 constexpr bool TagsAreUnique(std::index_sequence<I...>) {
-  constexpr int32_t tags[] = {kTag<std::variant_alternative_t<I, Message>>...};
+  constexpr int32_t kTags[] = {kTag<std::variant_alternative_t<I, Message>>...};
   for (size_t i = 0; i < sizeof...(I); ++i)
     for (size_t j = i + 1; j < sizeof...(I); ++j)
-      if (tags[i] == tags[j]) return false;
+      if (kTags[i] == kTags[j]) return false;
   return true;
 }
 static_assert(TagsAreUnique(std::make_index_sequence<std::variant_size_v<Message>>()),
@@ -581,7 +581,7 @@ uint32_t ActHash(std::span<const float> values) {
 // libsodium wants sodium_init() once before use (it also picks the fastest BLAKE2b; the
 // digests are the same either way). Thread-safe and cheap after the first call.
 static void InitSodium() {
-  [[maybe_unused]] static const int once = sodium_init();
+  [[maybe_unused]] static const int kSodiumReady = sodium_init();
 }
 
 Digest RowsDigest(std::span<const float> values) {
