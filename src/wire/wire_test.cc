@@ -77,17 +77,7 @@ Hello SampleHello(std::string name) {
                8ull << 30,       "avx512vnni",           "peer-" + name, std::move(name)};
 }
 std::vector<Message> Samples() {
-  Assignment a;
-  a.turn = 9;
-  a.model_id = "HuggingFaceTB/SmolLM2-135M";
-  a.revision = "0123456789abcdef0123456789abcdef01234567";
-  a.spec_hash = 0x1122334455667788ull;
-  a.model_hash = 0xabcdef01u;
-  a.ctx = 512;
-  a.stages = {{"head", "tcp://127.0.0.1:5000", 0, 10},
-              {"b", "tcp://127.0.0.1:5001", 10, 20},
-              {"c", "tcp://host-c:5002", 20, 30}};
-  a.your_stage = 1;
+  Assignment a = MakeAssignment();
   a.cache_key = 0x0102030405060708ull;
   a.keep = 12;
   a.keep_tag = 0x99aabbccull;
