@@ -242,7 +242,7 @@ HopResponse PerformHop(const ConnectionPool& pool, const HopRequest& request, co
 }
 
 Result<LanAnswer> LanExchange(const std::string& url, const std::string* post_json) {
-  static const ConnectionPool pool;
+  static ConnectionPool pool;  // connections reused across joins; lives as long as the process
   HopRequest request;
   request.url = url;
   request.timeout_s = 10;
