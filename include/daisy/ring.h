@@ -193,10 +193,10 @@ struct OutgoingHop {
   std::string address;
   wire::Activation activation;
 };
-// The rows `from_stage` passes on, for turn `seq`: the next stage is plan::Route's (the
+// The rows `from_stage` passes on, for turn `seq` (their values are taken out of `hidden`;
+// the positions stay): the next stage is plan::Route's (the
 // head's RETURN address at the end of a lap); the payload hash is taken here, last.
-Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash,
-                              HiddenStates&& hidden);
+Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash, HiddenStates& hidden);
 // The rows an activation carries, at its positions [token_index, token_index + rows).
 // Takes the values out of `activation`; refuses a payload that is not a whole number of rows
 // of width `hidden`.

@@ -24,18 +24,17 @@ const std::string& NetLink::also_failed() const {
 
 Status NetLink::Submit(HiddenStates hidden) {
   if (audit_) audit_->Sent(hidden.positions.front(), hidden.values);
-  std::vector<int32_t> positions = hidden.positions;
-  DAISY_ASSIGN_OR_RETURN(OutgoingHop hop, EncodeHop(plan_, 0, seq_, model_hash_, std::move(hidden)));
+  DAISY_ASSIGN_OR_RETURN(OutgoingHop hop, EncodeHop(plan_, 0, seq_, model_hash_, hidden));
   Status sent = room_.member().Send(hop.address, wire::Message(std::move(hop.activation)), 3000);
   if (!sent.ok()) {
     failed_device_ = plan_.stages[1].device_id;
     return Unavailable("stage 1 (" + plan_.stages[1].device_id.substr(0, 8) + ") is unreachable: " + sent.message());
   }
   hops_ += static_cast<int64_t>(plan_.stages.size());
-  positions_ += static_cast<int64_t>(positions.size());
+  positions_ += static_cast<int64_t>(hidden.positions.size());
   ++laps_;
   if (pending_.empty()) busy_since_ = Clock::now();
-  pending_.push_back({std::move(positions), Clock::now()});
+  pending_.push_back({std::move(hidden.positions), Clock::now()});
   return Status::Ok();
 }
 

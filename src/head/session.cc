@@ -16,15 +16,7 @@ namespace daisy {
 using head::Clock;
 using head::Since;
 
-namespace {
-
-size_t CommonPrefixLength(std::span<const int32_t> a, std::span<const int32_t> b) {
-  size_t i = 0;
-  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  return i;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 HeadSession::Impl::~Impl() {
   stopping = true;
@@ -201,7 +193,7 @@ head::HeadSlot& HeadSession::Impl::SlotFor(const TurnRequest& r) {
     // No conversation named: the slot whose ids share the longest prefix with the prompt.
     size_t best_len = 0;
     for (auto& s : slots) {
-      const size_t l = CommonPrefixLength(s.ids, r.prompt_ids);
+      const size_t l = head::CommonPrefix(s.ids, r.prompt_ids);
       if (l > best_len || (l == best_len && best && l > 0 && s.last_used > best->last_used)) {
         best = &s;
         best_len = l;

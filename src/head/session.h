@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -30,6 +31,13 @@ namespace daisy {
 namespace head {
 
 using Clock = std::chrono::steady_clock;
+// How many leading ids a and b share (the prefix cache keeps that many positions).
+inline size_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
+
 inline double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }

@@ -27,12 +27,6 @@ uint64_t IdsTag(std::span<const int32_t> ids) {
   return XXH64(ids.data(), ids.size() * sizeof(int32_t), 0x50524546u /* "PREF" */);
 }
 
-size_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
-  size_t i = 0;
-  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  return i;
-}
-
 std::string PlanSignature(const Plan& plan, int ctx) {
   std::string sig = std::to_string(ctx);
   for (const auto& s : plan.stages)
@@ -145,7 +139,7 @@ Status HeadSession::Impl::PlanTurn(TurnState& t) {
   t.audit = o.audit_rate > 0 && t.plan.stages.size() > 1;
   const auto& prompt = t.request.prompt_ids;
   if (t.attempt == 0 && !t.audit && t.slot.plan_sig == t.sig && t.slot.stage) {
-    size_t common = CommonPrefix(t.slot.ids, prompt);
+    size_t common = head::CommonPrefix(t.slot.ids, prompt);
     if (o.test_keep_extra > 0)  // tests only
       common = std::min(common + static_cast<size_t>(o.test_keep_extra), t.slot.ids.size());
     t.keep = static_cast<int>(std::min(common, prompt.size() - 1));

@@ -420,7 +420,7 @@ class Node {
       if (o_.faults) o_.faults->AfterReceipt(h.values);  // tests only: ... and an honest-looking receipt
     }
     // Encoded last: the payload hash covers what really goes out.
-    auto out = EncodeHop(plan_, stage_, a.seq, slice_.model_hash, std::move(h));
+    auto out = EncodeHop(plan_, stage_, a.seq, slice_.model_hash, h);
     if (!out.ok()) return refuse(out.status().message());
     Status sent = member_->Send(out->address, wire::Message(std::move(out->activation)), 1500);
     if (!sent.ok()) refuse("could not pass the activation on: " + sent.message(), wire::ErrorKind::kNextUnreachable);

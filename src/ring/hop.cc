@@ -36,7 +36,7 @@ int32_t WireNext(const Hop& hop) {
 }
 
 Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash,
-                              HiddenStates&& hidden) {
+                              HiddenStates& hidden) {
   DAISY_ASSIGN_OR_RETURN(Hop hop, Route(plan, from_stage));
   if (hidden.positions.empty()) return Internal("Bug: a hop without rows");
   OutgoingHop out;

@@ -49,7 +49,10 @@ TEST(PlanWire, RoundTripsDeviceAddressAndLayers) {
 TEST(HopCodec, ALapFollowsRouteAndReturnsToTheHead) {
   const Plan p = ThreeStages();
   const HiddenStates sent = Rows(5, 3, 4);
-  auto hop = EncodeHop(p, 0, 7, 0xabcd, Rows(5, 3, 4));
+  HiddenStates first = Rows(5, 3, 4);
+  auto hop = EncodeHop(p, 0, 7, 0xabcd, first);
+  EXPECT_TRUE(first.values.empty()) << "the rows' values travel in the activation";
+  EXPECT_EQ(first.positions, sent.positions) << "the positions stay with the sender";
   ASSERT_TRUE(hop.ok()) << hop.status().message();
   std::vector<std::string> visited;
   for (int step = 0; step < 3; ++step) {
@@ -63,7 +66,7 @@ TEST(HopCodec, ALapFollowsRouteAndReturnsToTheHead) {
     ASSERT_TRUE(rows.ok()) << rows.status().message();
     EXPECT_EQ(rows->positions, sent.positions);
     EXPECT_EQ(rows->values, sent.values);
-    hop = EncodeHop(p, at, 7, 0xabcd, std::move(*rows));
+    hop = EncodeHop(p, at, 7, 0xabcd, *rows);
     ASSERT_TRUE(hop.ok());
   }
   EXPECT_EQ(visited,
@@ -81,7 +84,8 @@ TEST(HopCodec, RefusesRowsOfTheWrongWidthAndStagesOutsideThePlan) {
   EXPECT_NE(bad.status().message().find("whole number of rows"), std::string::npos) << bad.status().message();
   a.values.clear();
   EXPECT_FALSE(DecodeHop(a, 4).ok()) << "an empty activation carries no rows";
-  EXPECT_FALSE(EncodeHop(ThreeStages(), 3, 1, 1, Rows(0, 1, 4)).ok()) << "there is no stage 3";
+  HiddenStates rows = Rows(0, 1, 4);
+  EXPECT_FALSE(EncodeHop(ThreeStages(), 3, 1, 1, rows).ok()) << "there is no stage 3";
 }
 
 TEST(MessageName, NamesEveryMessageByItsTag) {
