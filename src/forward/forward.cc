@@ -125,11 +125,27 @@ void RecordMass(const float* p, const float* vscale, int n, std::span<const int8
   st.flushed_max = std::max(st.flushed_max, flushed);
 }
 
-// Causal attention of one layer for the batch, reading keys and values from the cache
-// (which already holds this batch's). q (n, n_heads * head_dim) after RoPE; att the same.
-// See docs/KERNELS.md "Attention and the KV cache" for why each step is batch-independent.
-Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::Layer& cache, int ctx,
-                 const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att) {
+// One layer's attention inputs, shared by every (KV head, query block) task.
+struct AttentionArgs {
+  const ModelSpec* spec;
+  const LayerWeights* lw;
+  const KvCache::Layer* cache;
+  int ctx;
+  const std::vector<int32_t>* positions;
+  const float* q;
+  size_t q_stride;
+  float* att;
+};
+
+// Attention of KV head g (and its group of query heads) for the query rows [b0, b0 + bn):
+// Q.K^T, softmax, P as two int8 terms, P.V. Reads only the cache and q, writes only its own
+// heads' columns of those rows of att, and computes the same bits whichever thread runs it.
+Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
+  const ModelSpec& spec = *a.spec;
+  const LayerWeights& lw = *a.lw;
+  const KvCache::Layer& cache = *a.cache;
+  const std::vector<int32_t>& positions = *a.positions;
+  const int ctx = a.ctx;
   const int n = static_cast<int>(positions.size());
   const int hd = spec.head_dim;
   const int group = spec.n_heads / spec.n_kv_heads;
@@ -138,95 +154,135 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
   // Keys visible to the query at position p: [first_key(p), p].
   auto first_key = [&](int p) { return window > 0 ? std::max(0, p - window + 1) : 0; };
 
-  std::vector<int8_t> qq, pq, pq2;
-  std::vector<float> qs, scores, scores_res, ps, ps2, out, out2, prob;
-  for (int b0 = 0; b0 < n; b0 += kQueryBlock) {
-    const int bn = std::min(kQueryBlock, n - b0);
-    const int rows = bn * group;
-    const int k0 = first_key(positions[static_cast<size_t>(b0)]);
-    const int nk = positions[static_cast<size_t>(b0 + bn - 1)] + 1 - k0;
-    qq.resize(static_cast<size_t>(rows) * hd);
-    qs.resize(static_cast<size_t>(rows));
-    scores.resize(static_cast<size_t>(rows) * nk);
-    scores_res.resize(static_cast<size_t>(rows) * nk);
-    pq.resize(static_cast<size_t>(rows) * nk);
-    pq2.resize(static_cast<size_t>(rows) * nk);
-    ps.resize(static_cast<size_t>(rows));
-    ps2.resize(static_cast<size_t>(rows));
-    out.resize(static_cast<size_t>(rows) * hd);
-    out2.resize(static_cast<size_t>(rows) * hd);
-    for (int g = 0; g < spec.n_kv_heads; ++g) {
-      // Q rows quantized per (query position, head); query head h uses kv head h / group
-      for (int i = 0; i < bn; ++i)
-        for (int j = 0; j < group; ++j) {
-          const int r = i * group + j;
-          const float* qrow = q + static_cast<size_t>(b0 + i) * q_stride + static_cast<size_t>(g * group + j) * hd;
-          if (!kernels::QuantizeRow(qrow, hd, &qq[static_cast<size_t>(r) * hd], &qs[static_cast<size_t>(r)]))
-            return DataLoss(At(lw.layer, positions[static_cast<size_t>(b0) + static_cast<size_t>(i)]) +
-                            ": non-finite query; refused");
-        }
-      // scores = Q . K^T over keys [k0, k0 + nk) as two products with the same Q row: the
-      // keys' first int8 terms and their residual terms, each with its per-position scales
-      const size_t kbase = static_cast<size_t>(g) * static_cast<size_t>(ctx) + static_cast<size_t>(k0);
-      const QMatrixView kview{cache.k.data() + kbase * hd, cache.k_scale.data() + kbase, nullptr, nk, hd,
+  // Scratch per thread, reused across heads, blocks, layers and tokens.
+  thread_local std::vector<int8_t> qq, pq, pq2;
+  thread_local std::vector<float> qs, scores, scores_res, ps, ps2, out, out2, prob;
+  const int bn = std::min(kQueryBlock, n - b0);
+  const int rows = bn * group;
+  const int k0 = first_key(positions[static_cast<size_t>(b0)]);
+  const int nk = positions[static_cast<size_t>(b0 + bn - 1)] + 1 - k0;
+  qq.resize(static_cast<size_t>(rows) * hd);
+  qs.resize(static_cast<size_t>(rows));
+  scores.resize(static_cast<size_t>(rows) * nk);
+  scores_res.resize(static_cast<size_t>(rows) * nk);
+  pq.resize(static_cast<size_t>(rows) * nk);
+  pq2.resize(static_cast<size_t>(rows) * nk);
+  ps.resize(static_cast<size_t>(rows));
+  ps2.resize(static_cast<size_t>(rows));
+  out.resize(static_cast<size_t>(rows) * hd);
+  out2.resize(static_cast<size_t>(rows) * hd);
+  // Q rows quantized per (query position, head); query head h uses kv head h / group
+  for (int i = 0; i < bn; ++i)
+    for (int j = 0; j < group; ++j) {
+      const int r = i * group + j;
+      const float* qrow = a.q + static_cast<size_t>(b0 + i) * a.q_stride + static_cast<size_t>(g * group + j) * hd;
+      if (!kernels::QuantizeRow(qrow, hd, &qq[static_cast<size_t>(r) * hd], &qs[static_cast<size_t>(r)]))
+        return DataLoss(At(lw.layer, positions[static_cast<size_t>(b0) + static_cast<size_t>(i)]) +
+                        ": non-finite query; refused");
+    }
+  // scores = Q . K^T over keys [k0, k0 + nk) as two products with the same Q row: the
+  // keys' first int8 terms and their residual terms, each with its per-position scales
+  const size_t kbase = static_cast<size_t>(g) * static_cast<size_t>(ctx) + static_cast<size_t>(k0);
+  const QMatrixView kview{cache.k.data() + kbase * hd, cache.k_scale.data() + kbase, nullptr, nk, hd,
+                          static_cast<size_t>(hd)};
+  const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, nk, hd,
                               static_cast<size_t>(hd)};
-      const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, nk, hd,
-                                  static_cast<size_t>(hd)};
-      kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kview, scores.data(),
-                       static_cast<size_t>(nk), kernels::ProductShape::kAttention);
-      kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
-                       static_cast<size_t>(nk), kernels::ProductShape::kAttention);
-      // softmax over the visible keys in f32, in key order; fold V's scales into p
-      const float* vscale = cache.v_scale.data() + kbase;
-      for (int r = 0; r < rows; ++r) {
-        const int p = positions[static_cast<size_t>(b0) + static_cast<size_t>(r / group)];
-        const int a = first_key(p) - k0;
-        const int e = p + 1 - k0;
-        float* s = &scores[static_cast<size_t>(r) * nk];
-        float* s_res = &scores_res[static_cast<size_t>(r) * nk];
-        for (int t = a; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
-        ops::Softmax(s + a, e - a);
-        if (g_mass_stats) prob.assign(s + a, s + e);
-        for (int t = a; t < e; ++t) s[t] = s[t] * vscale[t];
-        // p' as two int8 terms: what the first leaves below its half step (every key under
-        // max/254 when attention is spread thin) the second keeps, to about max/65000.
-        // Quantized over the visible keys only: zeros change neither amax nor their own 0,
-        // so this gives the bits of quantizing the whole row with the invisible keys at 0.
-        const size_t at = static_cast<size_t>(r) * nk;
-        if (!QuantizeTwoTerms(s + a, e - a, &pq[at + static_cast<size_t>(a)], &ps[static_cast<size_t>(r)],
-                              &pq2[at + static_cast<size_t>(a)], &ps2[static_cast<size_t>(r)], s_res))
-          return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
-        // Invisible keys get exactly 0 in both terms: they add nothing to the int32 sums below.
-        for (int8_t* t : {&pq[at], &pq2[at]}) {
-          std::fill(t, t + a, int8_t{0});
-          std::fill(t + e, t + nk, int8_t{0});
-        }
-        if (g_mass_stats) {
-          const int8_t* terms[] = {&pq[at + static_cast<size_t>(a)], &pq2[at + static_cast<size_t>(a)]};
-          const float scales[] = {ps[static_cast<size_t>(r)], ps2[static_cast<size_t>(r)]};
-          RecordMass(prob.data(), vscale + a, e - a, terms, scales, *g_mass_stats);
-        }
-      }
-      // out = P' . V: V^T (head_dim, ctx) per kv head is the weight, k = the keys
-      const QMatrixView vview{cache.vt.data() + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
-                              nullptr,
-                              nullptr,
-                              hd,
-                              nk,
-                              static_cast<size_t>(ctx)};
-      kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(), static_cast<size_t>(hd),
-                       kernels::ProductShape::kAttention);
-      kernels::MatMulQ(pq2.data(), ps2.data(), rows, static_cast<size_t>(nk), vview, out2.data(),
-                       static_cast<size_t>(hd), kernels::ProductShape::kAttention);
-      // o = (first term's product) + (second term's), one f32 add in this order
-      for (int i = 0; i < bn; ++i)
-        for (int j = 0; j < group; ++j) {
-          float* dst = att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>(g * group + j) * hd;
-          const size_t src = static_cast<size_t>(i * group + j) * hd;
-          for (int d = 0; d < hd; ++d) dst[d] = out[src + static_cast<size_t>(d)] + out2[src + static_cast<size_t>(d)];
-        }
+  kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kview, scores.data(), static_cast<size_t>(nk),
+                   kernels::ProductShape::kAttention);
+  kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
+                   static_cast<size_t>(nk), kernels::ProductShape::kAttention);
+  // softmax over the visible keys in f32, in key order; fold V's scales into p
+  const float* vscale = cache.v_scale.data() + kbase;
+  for (int r = 0; r < rows; ++r) {
+    const int p = positions[static_cast<size_t>(b0) + static_cast<size_t>(r / group)];
+    const int first = first_key(p) - k0;
+    const int e = p + 1 - k0;
+    float* s = &scores[static_cast<size_t>(r) * nk];
+    float* s_res = &scores_res[static_cast<size_t>(r) * nk];
+    for (int t = first; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
+    ops::Softmax(s + first, e - first);
+    if (g_mass_stats) prob.assign(s + first, s + e);
+    for (int t = first; t < e; ++t) s[t] = s[t] * vscale[t];
+    // p' as two int8 terms: what the first leaves below its half step (every key under
+    // max/254 when attention is spread thin) the second keeps, to about max/65000.
+    // Quantized over the visible keys only: zeros change neither amax nor their own 0,
+    // so this gives the bits of quantizing the whole row with the invisible keys at 0.
+    const size_t at = static_cast<size_t>(r) * nk;
+    if (!QuantizeTwoTerms(s + first, e - first, &pq[at + static_cast<size_t>(first)], &ps[static_cast<size_t>(r)],
+                          &pq2[at + static_cast<size_t>(first)], &ps2[static_cast<size_t>(r)], s_res))
+      return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
+    // Invisible keys get exactly 0 in both terms: they add nothing to the int32 sums below.
+    for (int8_t* t : {&pq[at], &pq2[at]}) {
+      std::fill(t, t + first, int8_t{0});
+      std::fill(t + e, t + nk, int8_t{0});
+    }
+    if (g_mass_stats) {
+      const int8_t* terms[] = {&pq[at + static_cast<size_t>(first)], &pq2[at + static_cast<size_t>(first)]};
+      const float scales[] = {ps[static_cast<size_t>(r)], ps2[static_cast<size_t>(r)]};
+      RecordMass(prob.data(), vscale + first, e - first, terms, scales, *g_mass_stats);
     }
   }
+  // out = P' . V: V^T (head_dim, ctx) per kv head is the weight, k = the keys
+  const QMatrixView vview{cache.vt.data() + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
+                          nullptr,
+                          nullptr,
+                          hd,
+                          nk,
+                          static_cast<size_t>(ctx)};
+  kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(), static_cast<size_t>(hd),
+                   kernels::ProductShape::kAttention);
+  kernels::MatMulQ(pq2.data(), ps2.data(), rows, static_cast<size_t>(nk), vview, out2.data(), static_cast<size_t>(hd),
+                   kernels::ProductShape::kAttention);
+  // o = (first term's product) + (second term's), one f32 add in this order
+  for (int i = 0; i < bn; ++i)
+    for (int j = 0; j < group; ++j) {
+      float* dst = a.att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>(g * group + j) * hd;
+      const size_t src = static_cast<size_t>(i * group + j) * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = out[src + static_cast<size_t>(d)] + out2[src + static_cast<size_t>(d)];
+    }
+  return Status::Ok();
+}
+
+// Causal attention of one layer for the batch, reading keys and values from the cache
+// (which already holds this batch's). q (n, n_heads * head_dim) after RoPE; att the same.
+// See docs/KERNELS.md "Attention and the KV cache" for why each step is batch-independent.
+// The (KV head, query block) pieces are independent, so a prefill's run across the kernels'
+// pool (softmax and P's quantization took half of a serial prefill); each piece's products
+// then run on its own thread. Same bits either way.
+Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::Layer& cache, int ctx,
+                 const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att) {
+  const int n = static_cast<int>(positions.size());
+  const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
+  const int tasks = blocks * spec.n_kv_heads;
+  const AttentionArgs args{&spec, &lw, &cache, ctx, &positions, q, q_stride, att};
+  // Below this many query-key-dimension products a piece is too small to be worth waking
+  // the pool (a decode step at a short context); mass statistics are per thread, so a
+  // measured run stays on the caller.
+  constexpr int64_t kMinParallel = int64_t{1} << 20;
+  const int64_t work = int64_t{n} * spec.n_heads * spec.head_dim * (positions.back() + 1);
+  if (tasks <= 1 || work < kMinParallel || g_mass_stats != nullptr || kernels::Threads() <= 1) {
+    for (int b = 0; b < blocks; ++b)
+      for (int g = 0; g < spec.n_kv_heads; ++g) DAISY_RETURN_IF_ERROR(AttendHeadBlock(args, g, b * kQueryBlock));
+    return Status::Ok();
+  }
+  struct Task {
+    const AttentionArgs* args;
+    int n_kv_heads;
+    std::vector<Status>* results;
+  };
+  std::vector<Status> results(static_cast<size_t>(tasks), Status::Ok());
+  Task task{&args, spec.n_kv_heads, &results};
+  kernels::ParallelFor(
+      tasks,
+      [](void* ctx_ptr, int t) {
+        const Task& k = *static_cast<const Task*>(ctx_ptr);
+        (*k.results)[static_cast<size_t>(t)] =
+            AttendHeadBlock(*k.args, t % k.n_kv_heads, t / k.n_kv_heads * kQueryBlock);
+      },
+      &task);
+  // The error of the first piece in the serial order, so the message does not depend on
+  // which thread finished first.
+  for (Status& st : results) DAISY_RETURN_IF_ERROR(std::move(st));
   return Status::Ok();
 }
 

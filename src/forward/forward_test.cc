@@ -94,6 +94,36 @@ TEST(Forward, ChunkedPrefillEqualsOneShot) {
   }
 }
 
+// A long prefill runs attention's (KV head, query block) pieces across the kernels' pool;
+// decode steps and one thread run them in order. Same bits: one-shot on 3 threads, one-shot
+// on 1 thread and token by token must agree (with and without a sliding window).
+TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
+  ModelSpec s = TinyLlamaSpec(2);
+  s.max_positions = 512;
+  ModelSpec windowed = s;
+  windowed.model_type = "qwen2";
+  windowed.use_sliding_window = true;
+  windowed.sliding_window = 100;
+  windowed.max_window_layers = 1;
+  const int before = kernels::Threads();
+  for (const ModelSpec& spec : {s, windowed}) {
+    const HostTensors t = RandomTensors(spec, 21);
+    const std::vector<int32_t> ids = Prompt(spec, 300, 22);  // three query blocks of 128
+    kernels::SetThreads(3);
+    LocalPipeline a = MustPipeline(spec, t, {spec.n_layers}, 512);
+    const std::vector<float> pooled = AllLogits(a.head(), ids, 300);
+    kernels::SetThreads(1);
+    LocalPipeline b = MustPipeline(spec, t, {spec.n_layers}, 512);
+    const std::vector<float> serial = AllLogits(b.head(), ids, 300);
+    LocalPipeline c = MustPipeline(spec, t, {1, 1}, 512);
+    const std::vector<float> stepwise = AllLogits(c.head(), ids, 1);
+    ASSERT_EQ(pooled.size(), static_cast<size_t>(300) * spec.vocab);
+    EXPECT_TRUE(SameBits(pooled, serial)) << spec.model_type;
+    EXPECT_TRUE(SameBits(pooled, stepwise)) << spec.model_type;
+  }
+  kernels::SetThreads(before);
+}
+
 TEST(Forward, RewindRecomputesTheSameBits) {
   const ModelSpec s = TinyLlamaSpec(2);
   LocalPipeline p = MustPipeline(s, RandomTensors(s, 4), {1, 1});

@@ -16,6 +16,10 @@ namespace daisy::kernels::avx2 {
 namespace {
 
 constexpr int kPrefetchTiles = 4;
+// How far ahead of its reads the decode GEMV prefetches its weight stream. The hardware
+// prefetcher alone leaves one core's stream at about 2/3 of what it can read from memory;
+// 2-4 KiB ahead measured best (docs/KERNELS.md, "Decode GEMV").
+constexpr uintptr_t kStreamAhead = 4096;
 
 // The four horizontal sums of a0..a3 as one vector (integer adds: any order is exact).
 inline __m128i Reduce4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
@@ -88,10 +92,24 @@ inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, int32_t* 
   for (int r = 0; r < kNr; ++r) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0;  // two chains through vpmaddwd + add
     const int8_t* w = wr[r];
+    // Where this row's stream will be kStreamAhead bytes on (an address: it may lie past the
+    // matrix, and a prefetch never faults).
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + kStreamAhead;
     int t = 0;
-    for (; t + 32 <= k; t += 32) {
+    for (; t + 64 <= k; t += 64) {
+      // NOLINTNEXTLINE(performance-no-int-to-ptr)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
       a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
       a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 16), Load16(w + t + 16)));
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t + 32), Load16(w + t + 32)));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 48), Load16(w + t + 48)));
+    }
+    // NOLINTNEXTLINE(performance-no-int-to-ptr)
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
+    if (t + 32 <= k) {
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 16), Load16(w + t + 16)));
+      t += 32;
     }
     if (t + 16 <= k) {
       a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));

@@ -22,6 +22,8 @@ namespace daisy::kernels::avx512vnni {
 namespace {
 
 constexpr int kPrefetchTiles = 4;
+// How far ahead of its reads the decode GEMV prefetches its weight stream (see avx2.cc).
+constexpr uintptr_t kStreamAhead = 4096;
 
 // The four horizontal sums of a0..a3 as one vector (integer adds: any order is exact).
 inline __m128i Reduce4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
@@ -119,8 +121,14 @@ inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, int32_t* 
     // Two accumulator pairs halve the dependency chain through vpdpbusd.
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, s0 = a0, s1 = a0;
     const int8_t* w = wr[r];
+    // Where this row's stream will be kStreamAhead bytes on (an address: see avx2.cc).
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + kStreamAhead;
     int t = 0;
     for (; t + 128 <= k; t += 128) {
+      // NOLINTNEXTLINE(performance-no-int-to-ptr)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
+      // NOLINTNEXTLINE(performance-no-int-to-ptr)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t) + 64), _MM_HINT_T0);
       const __m512i w0 = _mm512_loadu_si512(w + t), w1 = _mm512_loadu_si512(w + t + 64);
       a0 = _mm512_dpbusd_epi32(a0, _mm512_xor_si512(_mm512_loadu_si512(xr + t), flip), w0);
       a1 = _mm512_dpbusd_epi32(a1, _mm512_xor_si512(_mm512_loadu_si512(xr + t + 64), flip), w1);
@@ -128,6 +136,8 @@ inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, int32_t* 
       s1 = _mm512_dpbusd_epi32(s1, ones, w1);
     }
     for (; t < k; t += 64) {
+      // NOLINTNEXTLINE(performance-no-int-to-ptr)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
       const __mmask64 mask = k - t >= 64 ? ~0ULL : (~0ULL) >> (64 - (k - t));
       const __m512i w0 = _mm512_maskz_loadu_epi8(mask, w + t);
       a0 = _mm512_dpbusd_epi32(a0, _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, xr + t), flip), w0);

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "internal.h"
+
 namespace daisy::detmath {
 namespace {
 
@@ -122,18 +124,25 @@ TEST(DetMathTest, ExpSpecialValues) {
 // probability.
 // ExpN is Exp, lane by lane, on every 256th float bit pattern (16.7 million values: every
 // exponent, both signs, NaN payloads, infinities, subnormals, both ScaleByPow2 paths) and on
-// the boundaries of its special cases, at every offset of a row (vector bodies and tails).
+// the boundaries of its special cases, at every offset of a row (vector bodies and tails):
+// the active ExpN and every compiled variant this CPU runs (rowops.inc, one per vector width).
 TEST(DetMathTest, ExpNEqualsExpBitForBit) {
-  std::vector<float> row, want;
+  std::vector<void (*)(float*, int)> fns = {&ExpN};
+  for (const kernels::internal::RowOps& v : kernels::internal::RowOpsVariants())
+    if (v.unsupported.empty()) fns.push_back(v.exp_n);
+  std::vector<float> row, want, got;
   uint64_t mismatches = 0;
   uint32_t first = 0;
   auto check = [&]() {
     want.resize(row.size());
     for (size_t i = 0; i < row.size(); ++i) want[i] = Exp(row[i]);
-    ExpN(row.data(), static_cast<int>(row.size()));
-    for (size_t i = 0; i < row.size(); ++i)
-      if (std::bit_cast<uint32_t>(row[i]) != std::bit_cast<uint32_t>(want[i]) && mismatches++ == 0)
-        first = std::bit_cast<uint32_t>(want[i]);
+    for (auto* fn : fns) {
+      got = row;
+      fn(got.data(), static_cast<int>(got.size()));
+      for (size_t i = 0; i < row.size(); ++i)
+        if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i]) && mismatches++ == 0)
+          first = std::bit_cast<uint32_t>(want[i]);
+    }
   };
   for (uint64_t base = 0; base < (uint64_t{1} << 32); base += uint64_t{1} << 20) {
     row.clear();

@@ -64,7 +64,7 @@ using ShapeTimings = std::array<std::array<double, 4>, kProductShapes>;
 // on the calling thread alone: the best of a few runs after a warm-up.
 ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend> backends);
 // Bumped whenever a unit's code changes, so cached timings of older units are not trusted.
-constexpr int kKernelVersion = 1;
+constexpr int kKernelVersion = 2;
 // A stable description of this CPU (x86: vendor, family/model/stepping and brand string;
 // arm64: MIDR where readable): cached timings are valid only on the same model.
 std::string CpuModelKey();
@@ -85,6 +85,24 @@ inline uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
   return x ^ (x >> 31);
 }
+
+// ---- Row operations (rowops.inc, rowops.cc) ----
+// One compiled variant of QuantizeRow and detmath::ExpN; `unsupported` says why this CPU
+// cannot run it ("" when it can).
+struct RowOps {
+  const char* name;
+  bool (*quantize_row)(const float* x, int k, int8_t* q, float* scale);
+  void (*exp_n)(float* x, int n);
+  std::string unsupported;
+};
+// Every variant built into this binary, the baseline first.
+std::vector<RowOps> RowOpsVariants();
+// "" when `variant` gives the baseline's bits on the gate's seeded rows, else the first
+// difference.
+std::string GateRowOps(const RowOps& variant);
+// The variant in use: the widest supported one that passed its gate (DAISY_KERNELS=scalar:
+// the baseline).
+const RowOps& ActiveRowOps();
 
 // ---- Test hooks (kernels_test.cc) ----
 // While on, `backend`'s entry flips the lowest bit of its first output cell of every call,

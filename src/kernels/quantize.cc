@@ -7,44 +7,7 @@
 
 namespace daisy::kernels {
 
-bool QuantizeRow(const float* x, int k, int8_t* q, float* scale) {
-  // amax on the bits: with the sign cleared, the order of finite floats is the order of
-  // their bit patterns as integers, and inf / NaN are exactly the patterns >= 0x7f800000,
-  // so one integer max (no branch, vectorized) gives both amax and the non-finite check.
-  uint32_t amax_bits = 0;
-  for (int i = 0; i < k; ++i) {
-    uint32_t b;
-    std::memcpy(&b, &x[i], 4);
-    b &= 0x7fffffffu;
-    amax_bits = b > amax_bits ? b : amax_bits;
-  }
-  if (amax_bits >= 0x7f800000u) return false;
-  float amax;
-  std::memcpy(&amax, &amax_bits, 4);
-  // A zero row, or one so tiny (amax < ~1e-43) that amax / 127 underflows to 0, quantizes
-  // to zeros with scale 0: dividing by a zero scale would give 0 / 0 = NaN, whose conversion
-  // to int8 differs between CPUs.
-  const float s = amax / 127.0f;
-  if (s == 0.0f) {
-    std::memset(q, 0, static_cast<size_t>(k));
-    *scale = 0.0f;
-    return true;
-  }
-  // Round half to even in the default rounding mode (which the project never changes),
-  // without a libm call: |x_i / s| <= 127.x, and adding then subtracting 1.5 * 2^23 leaves
-  // exactly the nearest integer, ties to even (the constant is even, so parity is kept).
-  // The result equals nearbyint(x_i / s) except that -0.0 becomes +0.0: both give int8 0.
-  // The division (not a multiplication by 1/s) is part of the contract.
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
-  for (int i = 0; i < k; ++i) {
-    float r = (x[i] / s + kRound) - kRound;
-    r = r > 127.0f ? 127.0f : r;
-    r = r < -127.0f ? -127.0f : r;
-    q[i] = static_cast<int8_t>(r);
-  }
-  *scale = s;
-  return true;
-}
+// QuantizeRow itself is in rowops.inc (one source, compiled for each vector width).
 
 Result<QuantizedMatrix> QuantizeMatrix(std::span<const float> w, int n, int k, std::span<const float> bias,
                                        std::string_view what) {

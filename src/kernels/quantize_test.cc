@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "daisy/kernels.h"
+#include "internal.h"
 
 namespace daisy::kernels {
 namespace {
@@ -208,6 +209,61 @@ TEST(QuantizeTest, MatrixRefusesBadInputNamingIt) {
   EXPECT_FALSE(bad_bias.ok());
   EXPECT_FALSE(QuantizeMatrix(w, 0, 2, {}, "empty").ok());
   EXPECT_FALSE(QuantizeMatrix(w, 3, 2, {}, "short").ok());
+}
+
+// Every compiled variant of QuantizeRow (rowops.inc: one source per vector width) gives the
+// baseline's bits: the start-up gate's rows, then 20,000 seeded rows of every length class.
+TEST(RowOpsTest, EveryVariantGivesTheBaselineBits) {
+  const std::vector<internal::RowOps> all = internal::RowOpsVariants();
+  ASSERT_FALSE(all.empty());
+  EXPECT_STREQ(all[0].name, "base");
+  uint64_t state = 99;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  int checked = 0;
+  for (const internal::RowOps& v : all) {
+    if (!v.unsupported.empty()) continue;
+    ++checked;
+    EXPECT_EQ(internal::GateRowOps(v), "") << v.name;
+    for (int row = 0; row < 20000; ++row) {
+      const int k = 1 + static_cast<int>(next() % (row % 10 == 0 ? 4096 : 200));
+      const float mag = std::ldexp(1.0f, static_cast<int>(next() % 60) - 30);
+      std::vector<float> x(static_cast<size_t>(k));
+      for (float& f : x) f = mag * (static_cast<float>(next() % 20001) - 10000.0f) / 10000.0f;
+      std::vector<int8_t> qa(x.size()), qb(x.size());
+      float sa = 0, sb = 0;
+      ASSERT_EQ(all[0].quantize_row(x.data(), k, qa.data(), &sa), v.quantize_row(x.data(), k, qb.data(), &sb));
+      ASSERT_EQ(std::memcmp(qa.data(), qb.data(), qa.size()), 0) << v.name << " row " << row;
+      ASSERT_EQ(std::memcmp(&sa, &sb, sizeof sa), 0) << v.name << " row " << row;
+    }
+  }
+  EXPECT_GE(checked, 1);
+  // The active variant is one that passed.
+  EXPECT_EQ(internal::GateRowOps(internal::ActiveRowOps()), "");
+}
+
+// The gate notices one wrong value from either operation.
+bool FlipFirstQ(const float* x, int k, int8_t* q, float* scale) {
+  const bool ok = internal::RowOpsVariants()[0].quantize_row(x, k, q, scale);
+  if (ok && k > 200) q[0] = static_cast<int8_t>(q[0] ^ 1);
+  return ok;
+}
+void ExpOffByOneUlp(float* x, int n) {
+  internal::RowOpsVariants()[0].exp_n(x, n);
+  for (int i = 0; i < n; ++i)
+    if (x[i] > 1.5f && x[i] < 1.6f) x[i] = std::nextafter(x[i], 2.0f);
+}
+TEST(RowOpsTest, TheGateRefusesAVariantThatDiffersOnce) {
+  const internal::RowOps base = internal::RowOpsVariants()[0];
+  internal::RowOps bad_q = base;
+  bad_q.quantize_row = &FlipFirstQ;
+  EXPECT_NE(internal::GateRowOps(bad_q).find("QuantizeRow differs"), std::string::npos);
+  internal::RowOps bad_e = base;
+  bad_e.exp_n = &ExpOffByOneUlp;
+  EXPECT_NE(internal::GateRowOps(bad_e).find("ExpN differs"), std::string::npos);
+  EXPECT_EQ(internal::GateRowOps(base), "");
 }
 
 }  // namespace

@@ -8,6 +8,10 @@ namespace {
 // How long an idle worker spins before it sleeps on the condition variable.
 constexpr auto kSpin = std::chrono::microseconds(100);
 
+// Set while this thread runs a pool task: a task's own Run (a product inside an attention
+// task) then runs in order on this thread instead of waiting for a pool it occupies.
+thread_local bool t_in_task = false;
+
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -52,7 +56,9 @@ void ThreadPool::RunClaimed() {
   while (Claim(&task)) {
     // fn_ and ctx_ belong to the run this task was claimed from: Run() does not return (and
     // cannot overwrite them) before this task is counted done.
+    t_in_task = true;
     fn_(ctx_, task);
+    t_in_task = false;
     done_.fetch_add(1, std::memory_order_release);
   }
 }
@@ -82,7 +88,7 @@ void ThreadPool::WorkerLoop() {
 
 void ThreadPool::Run(int n_tasks, TaskFn fn, void* ctx) {
   std::unique_lock<std::mutex> run(run_mu_, std::defer_lock);
-  if (n_tasks <= 1 || n_tasks > kMaxTasks || workers_.empty() || !run.try_lock()) {
+  if (n_tasks <= 1 || n_tasks > kMaxTasks || workers_.empty() || t_in_task || !run.try_lock()) {
     for (int t = 0; t < n_tasks; ++t) fn(ctx, t);
     return;
   }

@@ -4,8 +4,9 @@
 // Tasks are claimed dynamically: the caller and every awake worker take the next unclaimed
 // task until none is left, so a worker the OS has descheduled delays nothing it has not
 // already started. Which thread runs a task never changes what the task computes.
-// Thread-safety: Run() may be called from any thread; a caller that finds the pool busy
-// runs its tasks itself, in order.
+// Thread-safety: Run() may be called from any thread; a caller that finds the pool busy, or
+// that is itself running one of this pool's tasks (a task that runs a product), runs its
+// tasks itself, in order.
 #pragma once
 
 #include <atomic>

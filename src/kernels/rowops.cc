@@ -1,0 +1,138 @@
+// Start-up choice of the row operations' variant (rowops.inc): the widest this CPU runs,
+// gated against the baseline variant bit for bit on seeded rows, as the product units are.
+// DAISY_KERNELS=scalar keeps the baseline, like every other unit.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "daisy/detmath.h"
+#include "daisy/log.h"
+#include "internal.h"
+
+namespace daisy::kernels {
+namespace rowops {
+namespace base {
+bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
+void ExpN(float* x, int n);
+}  // namespace base
+#if defined(DAISY_KERNELS_X86)
+namespace avx2 {
+bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
+void ExpN(float* x, int n);
+}  // namespace avx2
+namespace avx512 {
+bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
+void ExpN(float* x, int n);
+}  // namespace avx512
+#endif
+}  // namespace rowops
+
+namespace internal {
+
+std::vector<RowOps> RowOpsVariants() {
+  std::vector<RowOps> v;
+  v.push_back({"base", &rowops::base::QuantizeRow, &rowops::base::ExpN, ""});
+#if defined(DAISY_KERNELS_X86)
+  v.push_back({"avx2", &rowops::avx2::QuantizeRow, &rowops::avx2::ExpN, CpuSupportProblem(Backend::kAvx2)});
+  // AVX-512 F/BW/VL is all it needs; a CPU with the product unit's VNNI has them.
+  v.push_back({"avx512", &rowops::avx512::QuantizeRow, &rowops::avx512::ExpN, CpuSupportProblem(Backend::kAvx512Vnni)});
+#endif
+  return v;
+}
+
+namespace {
+// Seeded values for the gate: every magnitude from denormals to near overflow, both signs,
+// exact ties of the rounding step, zeros, and the inputs Exp treats specially.
+float GateValue(uint64_t i) {
+  const uint64_t h = SplitMix64(i);
+  switch (h % 8) {
+    case 0:
+      return static_cast<float>(static_cast<int64_t>(h >> 40) % 255 - 127) + 0.5f;  // a tie at scale 1
+    case 1:
+      return __builtin_bit_cast(float, static_cast<uint32_t>(h >> 32));  // any pattern (NaN and inf included)
+    case 2:
+      return 0.0f;
+    default: {
+      const float mant = static_cast<float>(static_cast<int64_t>(h >> 40) - (int64_t{1} << 23)) / 8388608.0f;
+      const int e = static_cast<int>((h >> 8) % 64) - 40;
+      float v = mant;
+      for (int j = 0; j < (e < 0 ? -e : e); ++j) v = e < 0 ? v * 0.5f : v * 2.0f;
+      return v;
+    }
+  }
+}
+
+std::string Compare(const RowOps& want, const RowOps& got) {
+  // QuantizeRow on rows of every length up to 300 (tails of every vector width), some rows
+  // free of NaN and inf (case 1 draws are replaced) so that most rows quantize.
+  uint64_t at = 0;
+  for (int k = 1; k <= 300; ++k) {
+    for (int clean = 0; clean < 2; ++clean) {
+      std::vector<float> x(static_cast<size_t>(k));
+      for (float& v : x) {
+        v = GateValue(at++);
+        if (clean && (v != v || v - v != 0.0f)) v = 1.0f;
+      }
+      if (k % 7 == 0) x[0] = 127.0f;  // scale exactly 1: the .5 values are exact ties
+      std::vector<int8_t> qa(x.size()), qb(x.size());
+      float sa = -1, sb = -1;
+      const bool oka = want.quantize_row(x.data(), k, qa.data(), &sa);
+      const bool okb = got.quantize_row(x.data(), k, qb.data(), &sb);
+      if (oka != okb || (oka && (std::memcmp(qa.data(), qb.data(), qa.size()) != 0 ||
+                                 __builtin_bit_cast(uint32_t, sa) != __builtin_bit_cast(uint32_t, sb))))
+        return "QuantizeRow differs on a row of " + std::to_string(k) + " values";
+    }
+  }
+  // ExpN over 4096 values in rows of odd lengths, plus its boundaries.
+  std::vector<float> e;
+  e.reserve(4096 + 9);
+  for (int i = 0; i < 4096; ++i) e.push_back(GateValue(at++) / (i % 3 == 0 ? 1.0f : 1e30f));
+  for (float v : {89.0f, 89.0001f, -104.0f, -104.0001f, 88.72f, -87.3f, -0.0f, __builtin_inff(), -__builtin_inff()})
+    e.push_back(v);
+  for (size_t i0 = 0, len = 1; i0 < e.size(); i0 += len, len = len % 37 + 1) {
+    const size_t n = std::min(len, e.size() - i0);
+    std::vector<float> a(e.begin() + static_cast<long>(i0), e.begin() + static_cast<long>(i0 + n)), b = a;
+    want.exp_n(a.data(), static_cast<int>(n));
+    got.exp_n(b.data(), static_cast<int>(n));
+    if (std::memcmp(a.data(), b.data(), n * sizeof(float)) != 0)
+      return "ExpN differs near input " + std::to_string(e[i0]);
+  }
+  return "";
+}
+}  // namespace
+
+std::string GateRowOps(const RowOps& variant) {
+  return Compare(RowOpsVariants()[0], variant);
+}
+
+const RowOps& ActiveRowOps() {
+  static const RowOps kChosen = [] {
+    const std::vector<RowOps> all = RowOpsVariants();
+    const char* env = std::getenv("DAISY_KERNELS");
+    if (env != nullptr && std::string(env) == "scalar") return all[0];
+    for (size_t i = all.size(); i-- > 1;) {
+      if (!all[i].unsupported.empty()) continue;
+      const std::string why = Compare(all[0], all[i]);
+      if (why.empty()) return all[i];
+      LogWarning("kernels: row operations " + std::string(all[i].name) + " demoted: " + why);
+    }
+    return all[0];
+  }();
+  return kChosen;
+}
+
+}  // namespace internal
+
+bool QuantizeRow(const float* x, int k, int8_t* q, float* scale) {
+  return internal::ActiveRowOps().quantize_row(x, k, q, scale);
+}
+
+}  // namespace daisy::kernels
+
+namespace daisy::detmath {
+void ExpN(float* x, int n) {
+  kernels::internal::ActiveRowOps().exp_n(x, n);
+}
+}  // namespace daisy::detmath

@@ -1,0 +1,3 @@
+// The row operations (rowops.inc) compiled for -mavx512f -mavx512bw -mavx512vl.
+#define DAISY_ROWOPS_NS avx512
+#include "rowops.inc"
