@@ -121,12 +121,15 @@ run_case() {  # name prompt
   done
   local t_on t_off
   t_on=$(printf '%s\n' "${on[@]}" | median); t_off=$(printf '%s\n' "${off[@]}" | median)
+  RESULT="$RESULT gain_$name=$(python3 -c "print(f'{$t_on/$t_off:.2f}')")"
   printf '%-6s decode %7.1f tok/s with drafts, %7.1f without: x%.2f; drafts kept %s of %s (median); same ids: %s\n' \
     "$name" "$t_on" "$t_off" "$(python3 -c "print($t_on/$t_off)")" "$(printf '%s\n' "${acc[@]}" | median)" \
     "$(printf '%s\n' "${drf[@]}" | median)" "$same"
 }
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+RESULT=""  # the gains again on one last line, for bench/report.sh
 run_case code "$CODE"
 run_case list "$LIST"
 run_case story "$STORY"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "RESULT$RESULT"

@@ -31,6 +31,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 field() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(d$1)"; }
 
 echo "model $MODEL, $TOKENS tokens, median of $REPEAT runs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+RESULT=""  # the ratios again on one last line, for bench/report.sh
 if [ "${SKIP_DECODE:-0}" != 1 ]; then
 single=()
 for r in $(seq "$REPEAT"); do
@@ -49,6 +50,7 @@ for stages in 2 3; do
   l=$(printf '%s\n' "${lapshare[@]}" | median)
   ratio=$(python3 -c "print(f'{$t/$s1:.2f}')")
   echo "$stages stages (ring, loopback): decode $t tok/s (x$ratio of 1 stage); share of the turn inside laps: $l"
+  RESULT="$RESULT decode_ratio_$stages=$ratio"
 done
 fi
 
@@ -97,6 +99,9 @@ for stages in 2 3; do
   done
   p=$(printf '%s\n' "${ps[@]}" | median)
   b=$(printf '%s\n' "${busy[@]}" | median)
-  echo "$stages stages (ring, loopback, plan $(even $stages)): prefill $(printf %.1f "$p") tok/s (x$(python3 -c "print(f'{$p/$pf1:.2f}')") of 1 stage); the least busy node computed $(printf %.2f "$b") of the time"
+  pr=$(python3 -c "print(f'{$p/$pf1:.2f}')")
+  echo "$stages stages (ring, loopback, plan $(even $stages)): prefill $(printf %.1f "$p") tok/s (x$pr of 1 stage); the least busy node computed $(printf %.2f "$b") of the time"
+  RESULT="$RESULT prefill_ratio_$stages=$pr"
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "RESULT$RESULT"
