@@ -188,6 +188,10 @@ class KvCache {
     std::vector<float> k_res_scale;  // (n_kv_heads, ctx)
     std::vector<int8_t> vt;          // (n_kv_heads, head_dim, ctx): V transposed per head
     std::vector<float> v_scale;      // (n_kv_heads, ctx)
+    // A narrow model's (model.h NarrowModel) second term of each value row, laid out as vt;
+    // empty otherwise.
+    std::vector<int8_t> vt_res;      // (n_kv_heads, head_dim, ctx)
+    std::vector<float> v_res_scale;  // (n_kv_heads, ctx)
   };
   // Layer l, first() <= l < end(). For the forward pass.
   Layer& layer(int l);

@@ -49,11 +49,25 @@ struct QuantizedMatrix {
   std::vector<int8_t> q;     // (n, k) row-major
   std::vector<float> scale;  // (n)
   std::vector<float> bias;   // (n) or empty
+  // The second int8 term of a two-term matrix (QuantizeRowTwoTerms per row), else empty.
+  std::vector<int8_t> q_res;     // (n, k)
+  std::vector<float> scale_res;  // (n)
+  bool two_terms() const { return !q_res.empty(); }
   QMatrixView View() const {
     return QMatrixView{q.data(), scale.data(), bias.empty() ? nullptr : bias.data(), n, k, static_cast<size_t>(k)};
   }
-  size_t Bytes() const { return q.size() + 4 * (scale.size() + bias.size()); }
+  // The second term without bias (two_terms() only).
+  QMatrixView ResidualView() const {
+    return QMatrixView{q_res.data(), scale_res.data(), nullptr, n, k, static_cast<size_t>(k)};
+  }
+  size_t Bytes() const { return q.size() + q_res.size() + 4 * (scale.size() + scale_res.size() + bias.size()); }
 };
+
+// x (k) as two int8 terms, x ~= s1 * q1 + s2 * q2: (q1, s1) = QuantizeRow(x), then the
+// residual r[d] = x[d] - float(q1[d]) * s1 (one multiply, one subtract, no FMA) quantized
+// the same way, so s2 <= s1 / 254 (up to rounding): about 15 bits instead of 8. Every step
+// is a function of this one row. r is scratch (k). False on a non-finite input.
+bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r);
 
 // Quantizes w (n, k) row-major f32 (per output channel), with an optional bias (n).
 // Refuses k > kMaxK and non-finite weights, naming `what`.

@@ -92,6 +92,19 @@ std::vector<std::string> StageTensorNames(const ModelSpec& spec, int first, int 
 uint64_t TensorBytes(const TensorIndex& index, const std::vector<std::string>& names);
 
 // Canonical tensor names used by the forward pass, mapped from the family's names.
+// Narrow models (hidden width at most kNarrowHidden, as stories260K) run with finer
+// arithmetic: every weight matrix, every query row and every value row as two int8 terms
+// (the second quantizes the first's residual), not one. There int8 is the largest relative
+// error (measured on stories260K: mean KL against float64 7e-4 with one term, 5e-8 with two)
+// and the extra int8 work costs little in absolute terms; wider models (SmolLM, Qwen and up)
+// keep one term, since their decode streams the weights and two terms would double it. A
+// function of the shape only, so every device of a ring makes the same choice
+// (docs/KERNELS.md, "Narrow models").
+inline constexpr int kNarrowHidden = 256;
+inline bool NarrowModel(const ModelSpec& spec) {
+  return spec.hidden <= kNarrowHidden;
+}
+
 struct LayerNames {
   std::string attn_norm, attn_norm_bias;
   std::string q, k, v, q_bias, k_bias, v_bias;  // llama: separate; GPT-2: qkv in `q`

@@ -44,18 +44,7 @@ void Norm(const ModelSpec& spec, const float* x, const std::vector<float>& w, co
     ops::RmsNorm(x, w.data(), spec.hidden, spec.norm_eps, out);
 }
 
-// x (k) as two int8 terms, x ~= s1 * q1 + s2 * q2: (q1, s1) = QuantizeRow(x), then the
-// residual r[d] = x[d] - float(q1[d]) * s1 (one multiply, one subtract, no FMA) quantized
-// the same way, so s2 <= s1 / 254 (up to rounding): about 15 bits instead of 8. Every step
-// is a function of this one row. r is scratch (k). False on a non-finite input.
-bool QuantizeTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r) {
-  if (!kernels::QuantizeRow(x, k, q1, s1)) return false;
-  const float scale = *s1;
-  for (int d = 0; d < k; ++d) r[d] = x[d] - static_cast<float>(q1[d]) * scale;
-  return kernels::QuantizeRow(r, k, q2, s2);
-}
-
-// y (m, w.n) = x (m, w.k) . w^T with each row of x as two int8 terms (QuantizeTwoTerms):
+// y (m, w.n) = x (m, w.k) . w^T with each row of x as two int8 terms (kernels::QuantizeRowTwoTerms):
 // both terms go through the same verified product as one stacked batch of 2m rows (the
 // weights are read once), without the bias, and are combined per output in one fixed
 // order: y = (y1 + y2) + bias. Every step is per row, so batching changes nothing. False
@@ -70,7 +59,8 @@ bool MatMulTwoTerm(const float* x, int m, const QMatrixView& w, float* y) {
   r.resize(k);
   y2.resize(2 * mm * n);
   for (size_t i = 0; i < mm; ++i)
-    if (!QuantizeTwoTerms(x + i * k, w.k, &xq[i * k], &xs[i], &xq[(mm + i) * k], &xs[mm + i], r.data())) return false;
+    if (!kernels::QuantizeRowTwoTerms(x + i * k, w.k, &xq[i * k], &xs[i], &xq[(mm + i) * k], &xs[mm + i], r.data()))
+      return false;
   QMatrixView nobias = w;
   nobias.bias = nullptr;
   // Decode's row is still a GEMV in kind (its two terms are two rows): the backend chosen
@@ -92,8 +82,26 @@ bool MatMulTwoTerm(const float* x, int m, const QMatrixView& w, float* y) {
 // wider rows as one (kernels::MatMul). A function of the product's shape only, so every
 // device and every split makes the same choice.
 constexpr int kTwoTermMaxK = 256;
-bool Product(const float* x, int m, const QMatrixView& w, float* y) {
+bool ProductOfTerm(const float* x, int m, const QMatrixView& w, float* y) {
   return w.k <= kTwoTermMaxK ? MatMulTwoTerm(x, m, w, y) : kernels::MatMul(x, m, w, y);
+}
+// A two-term weight matrix (a narrow model's, model.h NarrowModel) is two products of the
+// same input, combined per output in one fixed order: y = (y_first + y_second) + bias.
+bool Product(const float* x, int m, const kernels::QuantizedMatrix& w, float* y) {
+  if (!w.two_terms()) return ProductOfTerm(x, m, w.View(), y);
+  QMatrixView first = w.View();
+  first.bias = nullptr;
+  thread_local std::vector<float> second;  // reused: decode calls this for every product
+  second.resize(static_cast<size_t>(m) * static_cast<size_t>(w.n));
+  if (!ProductOfTerm(x, m, first, y) || !ProductOfTerm(x, m, w.ResidualView(), second.data())) return false;
+  const size_t n = static_cast<size_t>(w.n);
+  for (size_t i = 0; i < static_cast<size_t>(m); ++i)
+    for (size_t j = 0; j < n; ++j) {
+      float v = y[i * n + j] + second[i * n + j];
+      if (!w.bias.empty()) v = v + w.bias[j];
+      y[i * n + j] = v;
+    }
+  return true;
 }
 
 // Query rows attended together: bounds the score buffer to kQueryBlock * group * ctx.
@@ -140,6 +148,9 @@ struct AttentionArgs {
 // Attention of KV head g (and its group of query heads) for the query rows [b0, b0 + bn):
 // Q.K^T, softmax, P as two int8 terms, P.V. Reads only the cache and q, writes only its own
 // heads' columns of those rows of att, and computes the same bits whichever thread runs it.
+// A narrow model (model.h NarrowModel) also takes each query row and each value row as two
+// int8 terms: the query's terms are stacked as more rows of the same products; each value
+// term has its own P' (the probabilities times that term's scales), so its own products.
 Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
   const ModelSpec& spec = *a.spec;
   const LayerWeights& lw = *a.lw;
@@ -151,94 +162,128 @@ Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
   const int group = spec.n_heads / spec.n_kv_heads;
   const int window = lw.sliding_window ? spec.sliding_window : 0;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const bool q_two_terms = NarrowModel(spec);
+  const int v_terms = cache.vt_res.empty() ? 1 : 2;
+  const int q_terms = q_two_terms ? 2 : 1;
   // Keys visible to the query at position p: [first_key(p), p].
   auto first_key = [&](int p) { return window > 0 ? std::max(0, p - window + 1) : 0; };
 
   // Scratch per thread, reused across heads, blocks, layers and tokens.
   thread_local std::vector<int8_t> qq, pq, pq2;
-  thread_local std::vector<float> qs, scores, scores_res, ps, ps2, out, out2, prob;
+  thread_local std::vector<float> qs, scores, scores_res, ps, ps2, out, out2, prob, pv, scratch;
   const int bn = std::min(kQueryBlock, n - b0);
   const int rows = bn * group;
   const int k0 = first_key(positions[static_cast<size_t>(b0)]);
   const int nk = positions[static_cast<size_t>(b0 + bn - 1)] + 1 - k0;
-  qq.resize(static_cast<size_t>(rows) * hd);
-  qs.resize(static_cast<size_t>(rows));
-  scores.resize(static_cast<size_t>(rows) * nk);
-  scores_res.resize(static_cast<size_t>(rows) * nk);
-  pq.resize(static_cast<size_t>(rows) * nk);
-  pq2.resize(static_cast<size_t>(rows) * nk);
-  ps.resize(static_cast<size_t>(rows));
-  ps2.resize(static_cast<size_t>(rows));
-  out.resize(static_cast<size_t>(rows) * hd);
-  out2.resize(static_cast<size_t>(rows) * hd);
-  // Q rows quantized per (query position, head); query head h uses kv head h / group
+  const size_t rows_nk = static_cast<size_t>(rows) * static_cast<size_t>(nk);
+  const size_t rows_hd = static_cast<size_t>(rows) * static_cast<size_t>(hd);
+  qq.resize(static_cast<size_t>(q_terms) * rows_hd);
+  qs.resize(static_cast<size_t>(q_terms) * static_cast<size_t>(rows));
+  scores.resize(static_cast<size_t>(q_terms) * rows_nk);
+  scores_res.resize(static_cast<size_t>(q_terms) * rows_nk);
+  pq.resize(static_cast<size_t>(v_terms) * rows_nk);
+  pq2.resize(static_cast<size_t>(v_terms) * rows_nk);
+  ps.resize(static_cast<size_t>(v_terms) * static_cast<size_t>(rows));
+  ps2.resize(static_cast<size_t>(v_terms) * static_cast<size_t>(rows));
+  out.resize(static_cast<size_t>(v_terms) * rows_hd);
+  out2.resize(static_cast<size_t>(v_terms) * rows_hd);
+  pv.resize(static_cast<size_t>(nk));
+  scratch.resize(static_cast<size_t>(std::max(nk, hd)));
+  // Q rows quantized per (query position, head); query head h uses kv head h / group. A
+  // second term of row r is row rows + r.
   for (int i = 0; i < bn; ++i)
     for (int j = 0; j < group; ++j) {
       const int r = i * group + j;
       const float* qrow = a.q + static_cast<size_t>(b0 + i) * a.q_stride + static_cast<size_t>(g * group + j) * hd;
-      if (!kernels::QuantizeRow(qrow, hd, &qq[static_cast<size_t>(r) * hd], &qs[static_cast<size_t>(r)]))
+      int8_t* q1 = &qq[static_cast<size_t>(r) * hd];
+      const bool ok = q_two_terms
+                          ? kernels::QuantizeRowTwoTerms(
+                                qrow, hd, q1, &qs[static_cast<size_t>(r)], &qq[static_cast<size_t>(rows + r) * hd],
+                                &qs[static_cast<size_t>(rows) + static_cast<size_t>(r)], scratch.data())
+                          : kernels::QuantizeRow(qrow, hd, q1, &qs[static_cast<size_t>(r)]);
+      if (!ok)
         return DataLoss(At(lw.layer, positions[static_cast<size_t>(b0) + static_cast<size_t>(i)]) +
                         ": non-finite query; refused");
     }
-  // scores = Q . K^T over keys [k0, k0 + nk) as two products with the same Q row: the
+  // scores = Q . K^T over keys [k0, k0 + nk) as two products with the same Q rows: the
   // keys' first int8 terms and their residual terms, each with its per-position scales
   const size_t kbase = static_cast<size_t>(g) * static_cast<size_t>(ctx) + static_cast<size_t>(k0);
   const QMatrixView kview{cache.k.data() + kbase * hd, cache.k_scale.data() + kbase, nullptr, nk, hd,
                           static_cast<size_t>(hd)};
   const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, nk, hd,
                               static_cast<size_t>(hd)};
-  kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kview, scores.data(), static_cast<size_t>(nk),
-                   kernels::ProductShape::kAttention);
-  kernels::MatMulQ(qq.data(), qs.data(), rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
+  kernels::MatMulQ(qq.data(), qs.data(), q_terms * rows, static_cast<size_t>(hd), kview, scores.data(),
+                   static_cast<size_t>(nk), kernels::ProductShape::kAttention);
+  kernels::MatMulQ(qq.data(), qs.data(), q_terms * rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
                    static_cast<size_t>(nk), kernels::ProductShape::kAttention);
   // softmax over the visible keys in f32, in key order; fold V's scales into p
-  const float* vscale = cache.v_scale.data() + kbase;
+  const float* vscale[2] = {cache.v_scale.data() + kbase, v_terms == 2 ? cache.v_res_scale.data() + kbase : nullptr};
   for (int r = 0; r < rows; ++r) {
     const int p = positions[static_cast<size_t>(b0) + static_cast<size_t>(r / group)];
     const int first = first_key(p) - k0;
     const int e = p + 1 - k0;
-    float* s = &scores[static_cast<size_t>(r) * nk];
-    float* s_res = &scores_res[static_cast<size_t>(r) * nk];
-    for (int t = first; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
+    const size_t at = static_cast<size_t>(r) * nk;
+    float* s = &scores[at];
+    const float* s_res = &scores_res[at];
+    if (q_two_terms) {
+      // (first query term's two key products) + (second query term's), in this order
+      const float* s2 = &scores[rows_nk + at];
+      const float* s2_res = &scores_res[rows_nk + at];
+      for (int t = first; t < e; ++t) s[t] = ((s[t] + s_res[t]) + (s2[t] + s2_res[t])) * scale;
+    } else {
+      for (int t = first; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
+    }
     ops::Softmax(s + first, e - first);
     if (g_mass_stats) prob.assign(s + first, s + e);
-    for (int t = first; t < e; ++t) s[t] = s[t] * vscale[t];
-    // p' as two int8 terms: what the first leaves below its half step (every key under
-    // max/254 when attention is spread thin) the second keeps, to about max/65000.
-    // Quantized over the visible keys only: zeros change neither amax nor their own 0,
-    // so this gives the bits of quantizing the whole row with the invisible keys at 0.
-    const size_t at = static_cast<size_t>(r) * nk;
-    if (!QuantizeTwoTerms(s + first, e - first, &pq[at + static_cast<size_t>(first)], &ps[static_cast<size_t>(r)],
-                          &pq2[at + static_cast<size_t>(first)], &ps2[static_cast<size_t>(r)], s_res))
-      return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
-    // Invisible keys get exactly 0 in both terms: they add nothing to the int32 sums below.
-    for (int8_t* t : {&pq[at], &pq2[at]}) {
-      std::fill(t, t + first, int8_t{0});
-      std::fill(t + e, t + nk, int8_t{0});
+    for (int j = 0; j < v_terms; ++j) {
+      for (int t = first; t < e; ++t) pv[static_cast<size_t>(t)] = s[t] * vscale[j][t];
+      // p' as two int8 terms: what the first leaves below its half step (every key under
+      // max/254 when attention is spread thin) the second keeps, to about max/65000.
+      // Quantized over the visible keys only: zeros change neither amax nor their own 0,
+      // so this gives the bits of quantizing the whole row with the invisible keys at 0.
+      const size_t pat = static_cast<size_t>(j) * rows_nk + at;
+      const size_t sat = static_cast<size_t>(j) * static_cast<size_t>(rows) + static_cast<size_t>(r);
+      if (!kernels::QuantizeRowTwoTerms(pv.data() + first, e - first, &pq[pat + static_cast<size_t>(first)], &ps[sat],
+                                        &pq2[pat + static_cast<size_t>(first)], &ps2[sat], scratch.data()))
+        return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
+      // Invisible keys get exactly 0 in both terms: they add nothing to the int32 sums below.
+      for (int8_t* t : {&pq[pat], &pq2[pat]}) {
+        std::fill(t, t + first, int8_t{0});
+        std::fill(t + e, t + nk, int8_t{0});
+      }
     }
-    if (g_mass_stats) {
+    if (g_mass_stats) {  // the first value term's P' (the only one outside narrow models)
       const int8_t* terms[] = {&pq[at + static_cast<size_t>(first)], &pq2[at + static_cast<size_t>(first)]};
       const float scales[] = {ps[static_cast<size_t>(r)], ps2[static_cast<size_t>(r)]};
-      RecordMass(prob.data(), vscale + first, e - first, terms, scales, *g_mass_stats);
+      RecordMass(prob.data(), vscale[0] + first, e - first, terms, scales, *g_mass_stats);
     }
   }
-  // out = P' . V: V^T (head_dim, ctx) per kv head is the weight, k = the keys
-  const QMatrixView vview{cache.vt.data() + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
-                          nullptr,
-                          nullptr,
-                          hd,
-                          nk,
-                          static_cast<size_t>(ctx)};
-  kernels::MatMulQ(pq.data(), ps.data(), rows, static_cast<size_t>(nk), vview, out.data(), static_cast<size_t>(hd),
-                   kernels::ProductShape::kAttention);
-  kernels::MatMulQ(pq2.data(), ps2.data(), rows, static_cast<size_t>(nk), vview, out2.data(), static_cast<size_t>(hd),
-                   kernels::ProductShape::kAttention);
-  // o = (first term's product) + (second term's), one f32 add in this order
+  // out = P' . V per value term: V^T (head_dim, ctx) per kv head is the weight, k = the keys
+  for (int j = 0; j < v_terms; ++j) {
+    const int8_t* vt = (j == 0 ? cache.vt : cache.vt_res).data();
+    const QMatrixView vview{vt + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
+                            nullptr,
+                            nullptr,
+                            hd,
+                            nk,
+                            static_cast<size_t>(ctx)};
+    const size_t pat = static_cast<size_t>(j) * rows_nk, oat = static_cast<size_t>(j) * rows_hd;
+    kernels::MatMulQ(&pq[pat], &ps[static_cast<size_t>(j) * static_cast<size_t>(rows)], rows, static_cast<size_t>(nk),
+                     vview, &out[oat], static_cast<size_t>(hd), kernels::ProductShape::kAttention);
+    kernels::MatMulQ(&pq2[pat], &ps2[static_cast<size_t>(j) * static_cast<size_t>(rows)], rows, static_cast<size_t>(nk),
+                     vview, &out2[oat], static_cast<size_t>(hd), kernels::ProductShape::kAttention);
+  }
+  // o = (first P' term's product) + (second's), one f32 add in this order; with two value
+  // terms, (that for the first value term) + (that for the second)
   for (int i = 0; i < bn; ++i)
     for (int j = 0; j < group; ++j) {
       float* dst = a.att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>(g * group + j) * hd;
       const size_t src = static_cast<size_t>(i * group + j) * hd;
-      for (int d = 0; d < hd; ++d) dst[d] = out[src + static_cast<size_t>(d)] + out2[src + static_cast<size_t>(d)];
+      for (int d = 0; d < hd; ++d) {
+        const size_t at = src + static_cast<size_t>(d);
+        const float o1 = out[at] + out2[at];
+        dst[d] = v_terms == 2 ? o1 + (out[rows_hd + at] + out2[rows_hd + at]) : o1;
+      }
     }
   return Status::Ok();
 }
@@ -356,8 +401,7 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   for (int i = 0; i < n; ++i)
     Norm(s, x + static_cast<size_t>(i) * dim, lw.attn_norm, lw.attn_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // q, k, v projections (one product)
-  if (!Product(xb.data(), n, lw.qkv.View(), qkv.data()))
-    return NonFiniteInput("attention input", xb.data(), dim, l, pos);
+  if (!Product(xb.data(), n, lw.qkv, qkv.data())) return NonFiniteInput("attention input", xb.data(), dim, l, pos);
   // RoPE on q and k
   if (!s.learned_positions) {
     for (int i = 0; i < n; ++i) {
@@ -368,8 +412,10 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     }
   }
   // k and v enter the cache, per (position, kv head): k as two int8 terms (the second
-  // quantizes the first's residual, computed in f32 element by element), v as one, transposed
-  std::vector<int8_t> vq(static_cast<size_t>(hd));
+  // quantizes the first's residual, computed in f32 element by element), v as one (two in a
+  // narrow model), transposed
+  const bool v_two_terms = !cache.vt_res.empty();
+  std::vector<int8_t> vq(static_cast<size_t>(hd)), vq_res(static_cast<size_t>(hd));
   std::vector<float> kr(static_cast<size_t>(hd));
   for (int i = 0; i < n; ++i) {
     const int p = pos[static_cast<size_t>(i)];
@@ -378,21 +424,24 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     for (int g = 0; g < s.n_kv_heads; ++g) {
       const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
       const float* key = krow + g * hd;
-      if (!QuantizeTwoTerms(key, hd, &cache.k[slot * hd], &cache.k_scale[slot], &cache.k_res[slot * hd],
-                            &cache.k_res_scale[slot], kr.data()))
+      if (!kernels::QuantizeRowTwoTerms(key, hd, &cache.k[slot * hd], &cache.k_scale[slot], &cache.k_res[slot * hd],
+                                        &cache.k_res_scale[slot], kr.data()))
         return DataLoss(At(l, p) + ": non-finite key; refused");
-      if (!kernels::QuantizeRow(vrow + g * hd, hd, vq.data(), &cache.v_scale[slot]))
-        return DataLoss(At(l, p) + ": non-finite value; refused");
-      for (int d = 0; d < hd; ++d)
-        cache.vt[(static_cast<size_t>(g) * hd + static_cast<size_t>(d)) * ctx + static_cast<size_t>(p)] =
-            vq[static_cast<size_t>(d)];
+      const bool v_ok = v_two_terms ? kernels::QuantizeRowTwoTerms(vrow + g * hd, hd, vq.data(), &cache.v_scale[slot],
+                                                                   vq_res.data(), &cache.v_res_scale[slot], kr.data())
+                                    : kernels::QuantizeRow(vrow + g * hd, hd, vq.data(), &cache.v_scale[slot]);
+      if (!v_ok) return DataLoss(At(l, p) + ": non-finite value; refused");
+      for (int d = 0; d < hd; ++d) {
+        const size_t at = (static_cast<size_t>(g) * hd + static_cast<size_t>(d)) * ctx + static_cast<size_t>(p);
+        cache.vt[at] = vq[static_cast<size_t>(d)];
+        if (v_two_terms) cache.vt_res[at] = vq_res[static_cast<size_t>(d)];
+      }
     }
   }
   // attention (causal; sliding window where the layer has one)
   DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   // output projection
-  if (!Product(att.data(), n, lw.o.View(), o.data()))
-    return NonFiniteInput("attention output", att.data(), q_dim, l, pos);
+  if (!Product(att.data(), n, lw.o, o.data())) return NonFiniteInput("attention output", att.data(), q_dim, l, pos);
   // residual
   for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
   // MLP norm
@@ -401,13 +450,12 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
   hb.resize(static_cast<size_t>(n) * gu);
-  if (!Product(xb.data(), n, lw.gate_up.View(), hb.data())) return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
+  if (!Product(xb.data(), n, lw.gate_up, hb.data())) return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
   // SwiGLU: silu(gate) * up | GELU (tanh approximation)
   act.resize(static_cast<size_t>(n) * ffn);
   MlpActivation(s, hb.data(), gu, n, act.data());
   // down projection
-  if (!Product(act.data(), n, lw.down.View(), o.data()))
-    return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
+  if (!Product(act.data(), n, lw.down, o.data())) return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
   // residual
   for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
   // refuse non-finite hidden states (never forwarded)
@@ -442,7 +490,7 @@ Result<std::vector<float>> ReadoutRows(const StageWeights& w, const HiddenStates
     Norm(s, h.Row(begin + i).data(), head.final_norm, head.final_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // LM head
   std::vector<float> logits(static_cast<size_t>(m) * head.lm_head.n);
-  if (!Product(xb.data(), m, head.lm_head.View(), logits.data()))
+  if (!Product(xb.data(), m, head.lm_head, logits.data()))
     return DataLoss("readout, position " + std::to_string(h.positions[static_cast<size_t>(begin)]) +
                     ": non-finite final norm; refused");
   return logits;
@@ -476,6 +524,10 @@ KvCache::KvCache(const ModelSpec& spec, int first, int end, int ctx) : first_(fi
     l.k_res_scale.assign(slots, 0.0f);
     l.vt.assign(slots * static_cast<size_t>(spec.head_dim), 0);
     l.v_scale.assign(slots, 0.0f);
+    if (NarrowModel(spec)) {
+      l.vt_res.assign(slots * static_cast<size_t>(spec.head_dim), 0);
+      l.v_res_scale.assign(slots, 0.0f);
+    }
   }
 }
 
@@ -502,7 +554,8 @@ void KvCache::set_length(int n) {
 size_t KvCache::Bytes() const {
   size_t b = 0;
   for (const Layer& l : layers_)
-    b += l.k.size() + l.k_res.size() + l.vt.size() + 4 * (l.k_scale.size() + l.k_res_scale.size() + l.v_scale.size());
+    b += l.k.size() + l.k_res.size() + l.vt.size() + l.vt_res.size() +
+         4 * (l.k_scale.size() + l.k_res_scale.size() + l.v_scale.size() + l.v_res_scale.size());
   return b;
 }
 

@@ -180,9 +180,19 @@ TEST(Forward, KeysEnterTheCacheAsTwoInt8Terms) {
     // positions not yet written stay zero
     EXPECT_EQ(c.k_res_scale[static_cast<size_t>(n)], 0.0f);
   }
-  EXPECT_GT(with_residual, n * s.n_kv_heads);                           // most keys are not exact in one int8 term
-  const size_t per_slot = 3 * static_cast<size_t>(s.head_dim) + 3 * 4;  // k, k_res, v + three scales
+  EXPECT_GT(with_residual, n * s.n_kv_heads);  // most keys are not exact in one int8 term
+  // A narrow model (this one) holds values as two terms too: k, k_res, v, v_res + four scales.
+  ASSERT_TRUE(NarrowModel(s));
+  EXPECT_FALSE(kv.layer(0).vt_res.empty());
+  const size_t per_slot = 4 * static_cast<size_t>(s.head_dim) + 4 * 4;
   EXPECT_EQ(kv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * per_slot);
+  // A wider model keeps one value term: k, k_res, v + three scales.
+  ModelSpec wide = s;
+  wide.hidden = kNarrowHidden + 32;
+  ASSERT_FALSE(NarrowModel(wide));
+  KvCache wkv(wide, 0, 2, ctx);
+  EXPECT_TRUE(wkv.layer(0).vt_res.empty());
+  EXPECT_EQ(wkv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * (3 * static_cast<size_t>(s.head_dim) + 3 * 4));
 }
 
 // --- splits ---------------------------------------------------------------------------
@@ -375,19 +385,24 @@ TEST(Forward, UntiedHeadUsesLmHead) {
 // --- weights --------------------------------------------------------------------------
 
 TEST(Forward, StagesHoldOnlyTheirLayersAtAboutOneBytePerParameter) {
-  const ModelSpec s = TinyLlamaSpec(4);
-  const HostTensors t = RandomTensors(s, 20);
-  auto w = StageWeights::FromTensors(s, t, 1, 3, false);
-  ASSERT_TRUE(w.ok());
-  EXPECT_FALSE(w->has_head());
-  EXPECT_EQ(w->first(), 1);
-  EXPECT_EQ(w->end(), 3);
-  uint64_t params = 0;
-  for (int l = 1; l < 3; ++l)
-    for (const auto& name : LayerTensorNames(s, l)) params += t.at(name).values.size();
-  // int8 matrices + f32 scales and norms: a little over 1 byte per parameter, far from 4.
-  EXPECT_GE(w->Bytes(), params);
-  EXPECT_LE(static_cast<double>(w->Bytes()), 1.25 * static_cast<double>(params));
+  ModelSpec wide = TinyLlamaSpec(4);
+  wide.hidden = kNarrowHidden + 64;
+  // int8 matrices + f32 scales and norms: a little over 1 byte per parameter, far from 4; a
+  // narrow model's two terms (model.h NarrowModel): a little over 2.
+  for (const ModelSpec& s : {wide, TinyLlamaSpec(4)}) {
+    const HostTensors t = RandomTensors(s, 20);
+    auto w = StageWeights::FromTensors(s, t, 1, 3, false);
+    ASSERT_TRUE(w.ok());
+    EXPECT_FALSE(w->has_head());
+    EXPECT_EQ(w->first(), 1);
+    EXPECT_EQ(w->end(), 3);
+    uint64_t params = 0;
+    for (int l = 1; l < 3; ++l)
+      for (const auto& name : LayerTensorNames(s, l)) params += t.at(name).values.size();
+    const double terms = NarrowModel(s) ? 2.0 : 1.0;
+    EXPECT_GE(static_cast<double>(w->Bytes()), terms * static_cast<double>(params)) << s.hidden;
+    EXPECT_LE(static_cast<double>(w->Bytes()), (terms + 0.25) * static_cast<double>(params)) << s.hidden;
+  }
 }
 
 TEST(Forward, EmbeddingLookupIsExact) {

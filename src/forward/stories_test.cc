@@ -83,11 +83,13 @@ TEST_F(Stories, SpecIsTheBundledModel) {
   EXPECT_EQ(s.n_kv_heads, 4);
   EXPECT_TRUE(s.tied_embeddings);
   LocalPipeline p = Pipeline({5});
-  // 260,032 parameters: int8 matrices, f32 norms, the exact f32 embedding kept for the
-  // lookup beside its int8 copy for the tied LM head.
+  // 260,032 parameters: int8 matrices as two terms (a narrow model, model.h NarrowModel),
+  // f32 norms, the exact f32 embedding kept for the lookup beside its int8 copy for the
+  // tied LM head.
+  ASSERT_TRUE(NarrowModel(s));
   const size_t bytes = p.WeightBytes();
   std::printf("stories260K resident weights: %zu bytes\n", bytes);
-  EXPECT_LT(bytes, 260032u * 2);
+  EXPECT_LT(bytes, 260032u * 3);
 }
 
 // Teacher-forced logits of the 64-token sequence against the f32 numpy reference.
@@ -299,7 +301,7 @@ TEST_F(Stories, EveryBackendEqualsScalar) {
 // so arm64 must give exactly x86's bits. Change kGolden only with a deliberate change of the
 // arithmetic (docs/KERNELS.md), never to make one ISA pass.
 TEST_F(Stories, LogitsMatchX86GoldenDigestOnEveryBackend) {
-  constexpr uint64_t kGolden = 0x551936de9f0c3215ULL;  // x86-64, scalar = AVX2 = AVX-512 VNNI
+  constexpr uint64_t kGolden = 0x9ca58431df672941ULL;  // x86-64, scalar = AVX2 = AVX-512 VNNI
   const nlohmann::json ref = ReadJson(ModelDir() + "/reference/logits.json");
   const std::vector<int32_t> ids = ref["token_ids"].get<std::vector<int32_t>>();
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};

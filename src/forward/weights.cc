@@ -520,6 +520,10 @@ class StageBuilder {
       m->k = static_cast<int>(cols);
       m->q.assign(static_cast<size_t>(total_rows) * static_cast<size_t>(cols), 0);
       m->scale.assign(static_cast<size_t>(total_rows), 0.0f);
+      if (NarrowModel(spec_)) {  // every matrix of a narrow model as two int8 terms (model.h)
+        m->q_res.assign(m->q.size(), 0);
+        m->scale_res.assign(m->scale.size(), 0.0f);
+      }
     } else if (m->k != cols || m->n != total_rows) {
       return Internal("Bug: " + t.name + ": stacked parts differ in shape");
     }
@@ -534,14 +538,20 @@ class StageBuilder {
   }
 
   // Quantizes rows [row, row + n) of the current part (x: n rows of cols f32) into place,
-  // exactly as QuantizeMatrix would (one QuantizeRow per output row).
+  // exactly as QuantizeMatrix would (one QuantizeRow per output row), or as two terms
+  // (QuantizeRowTwoTerms) where the matrix has a second term.
   Status QuantizeRows(const float* x, int64_t row, int64_t n) {
     QuantizedMatrix& m = *cur_.matrix;
     const size_t k = static_cast<size_t>(cur_.cols);
+    if (m.two_terms()) residual_.resize(k);
     for (int64_t i = 0; i < n; ++i) {
       const size_t r = static_cast<size_t>(cur_.row_offset + row + i);
-      if (!kernels::QuantizeRow(x + static_cast<size_t>(i) * k, static_cast<int>(k), m.q.data() + r * k, &m.scale[r]))
-        return InvalidArgument(cur_.name + ": non-finite weight in row " + std::to_string(row + i));
+      const float* xr = x + static_cast<size_t>(i) * k;
+      const bool ok = m.two_terms()
+                          ? kernels::QuantizeRowTwoTerms(xr, static_cast<int>(k), m.q.data() + r * k, &m.scale[r],
+                                                         m.q_res.data() + r * k, &m.scale_res[r], residual_.data())
+                          : kernels::QuantizeRow(xr, static_cast<int>(k), m.q.data() + r * k, &m.scale[r]);
+      if (!ok) return InvalidArgument(cur_.name + ": non-finite weight in row " + std::to_string(row + i));
     }
     return Status::Ok();
   }
@@ -591,6 +601,7 @@ class StageBuilder {
   }
 
   const ModelSpec& spec_;
+  std::vector<float> residual_;  // QuantizeRows' scratch for two-term rows
   int first_, end_;
   bool with_head_;
   std::map<std::string, Slot, std::less<>> slots_;

@@ -16,8 +16,10 @@ namespace {
 // the unit the hello's capacity is measured in.
 constexpr double kReferenceGemmMacs = 4096.0 * 4096.0;
 
-uint64_t MatrixBytes(uint64_t rows, uint64_t cols) {
-  return rows * cols + 4 * rows;
+// An int8 matrix with one f32 scale per row, per term: a narrow model holds two terms
+// (model.h NarrowModel).
+uint64_t MatrixBytes(uint64_t rows, uint64_t cols, uint64_t terms) {
+  return terms * (rows * cols + 4 * rows);
 }
 
 }  // namespace
@@ -26,19 +28,21 @@ PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx, int embed_bytes_per_val
   const uint64_t hidden = static_cast<uint64_t>(s.hidden), head_dim = static_cast<uint64_t>(s.head_dim);
   const uint64_t q = static_cast<uint64_t>(s.n_heads) * head_dim, kv = static_cast<uint64_t>(s.n_kv_heads) * head_dim;
   const uint64_t inter = static_cast<uint64_t>(s.intermediate), vocab = static_cast<uint64_t>(s.vocab);
-  uint64_t layer = MatrixBytes(q + 2 * kv, hidden) + MatrixBytes(hidden, q) +
-                   MatrixBytes((s.gated_mlp ? 2 : 1) * inter, hidden) + MatrixBytes(hidden, inter) +
+  const uint64_t terms = NarrowModel(s) ? 2 : 1;
+  uint64_t layer = MatrixBytes(q + 2 * kv, hidden, terms) + MatrixBytes(hidden, q, terms) +
+                   MatrixBytes((s.gated_mlp ? 2 : 1) * inter, hidden, terms) + MatrixBytes(hidden, inter, terms) +
                    4 * 4 * hidden /* norms and their biases */;
   if (s.qkv_bias) layer += 4 * (q + 2 * kv);
   // KV cache, per position: K as two int8 terms (the second quantizes the first's residual)
-  // and V as one int8 term, each with one f32 scale per kv head.
-  layer += static_cast<uint64_t>(ctx) * (3 * kv + 3 * 4 * static_cast<uint64_t>(s.n_kv_heads));
+  // and V as one int8 term (two in a narrow model), each with one f32 scale per kv head.
+  const uint64_t kv_terms = 2 + terms;
+  layer += static_cast<uint64_t>(ctx) * (kv_terms * kv + kv_terms * 4 * static_cast<uint64_t>(s.n_kv_heads));
   PlanModel m;
   m.n_layers = s.n_layers;
   m.layer_bytes = layer;
   // Embedding rows kept at the file's width plus the int8 LM head (the int8 copy of the
   // embedding when tied), final norm, learned positions, and the logits of a step.
-  m.head_bytes = static_cast<uint64_t>(embed_bytes_per_value) * vocab * hidden + MatrixBytes(vocab, hidden) +
+  m.head_bytes = static_cast<uint64_t>(embed_bytes_per_value) * vocab * hidden + MatrixBytes(vocab, hidden, terms) +
                  8 * hidden + 4 * 4 * vocab +
                  (s.learned_positions ? 4 * static_cast<uint64_t>(s.max_positions) * hidden : 0);
   // Activations of two prefill chunks of 16 positions in flight, with their attention
