@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -436,6 +437,57 @@ TEST_F(ServerTest, EventsStreamStartsWithTheState) {
   ASSERT_EQ(got.rfind("event: state\ndata: ", 0), 0u) << got;
   Json state = Json::parse(got.substr(got.find("data: ") + 6, got.find("\n\n") - got.find("data: ") - 6));
   EXPECT_EQ(state["room"], "default");
+}
+
+// What the room sees reaches the UI: a head from another terminal (`daisychain run`) runs a
+// turn that stays on it; serve's own device is outside that turn, and /api/events carries the
+// turn's text as that device received it (room_text), equal to the head's.
+TEST_F(ServerTest, TheRoomsStreamReachesTheUi) {
+  std::mutex mu;
+  std::string got;
+  std::atomic<bool> stop{false};
+  std::thread listen([&] {
+    auto cli = Client();
+    cli.Get("/api/events", [&](const char* data, size_t n) {
+      std::lock_guard<std::mutex> lock(mu);
+      got.append(data, n);
+      return !stop.load();
+    });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto r = e2e::RunCli("DAISY_HOME=" + (tmp_ / "other-head").string(),
+                       "run --join 127.0.0.1:" + std::to_string(port_) + " --name other-head --model " + Stories() +
+                           " --prompt 'The little dog' -n 24 --json",
+                       tmp_.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string want = Json::parse(r.out.substr(r.out.rfind("\n{") + 1))["text"];
+  std::string text;
+  bool ended = false;
+  for (int i = 0; i < 200 && !ended; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    text.clear();
+    std::string stream;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stream = got.substr(0, got.rfind("\n\n") == std::string::npos ? 0 : got.rfind("\n\n") + 2);
+    }
+    bool begun = false;
+    for (const auto& e : ParseEvents(stream)) {
+      if (e.name != "room_text" || e.data["head"] != "other-head") continue;
+      const std::string kind = e.data["kind"];
+      if (kind == "begin") begun = true;
+      if (kind == "piece" && begun) text += e.data["text"].get<std::string>();
+      if (kind == "end" && begun) {
+        text += e.data["text"].get<std::string>();
+        ended = true;
+        EXPECT_EQ(e.data["index"], 24);
+      }
+    }
+  }
+  stop = true;
+  listen.join();
+  ASSERT_TRUE(ended) << got.substr(0, 4000);
+  EXPECT_EQ(text, want);
 }
 
 TEST_F(ServerTest, ConcurrentRequestsQueueAndAllGetTheirAnswer) {
