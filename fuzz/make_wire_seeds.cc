@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
                          HopDigest{3, 2, 4, 1, {}, {}, true, HopReceipt{3, 1, 4, 1, {}, {}}},
                          HopReceipt{3, 1, 4, 1, {}, {}},
                          AuditRequest{3, 0, 5},
-                         AuditData{3, 1, 0, {1.0f, 2.0f, 3.0f, 4.0f}}};
+                         AuditData{3, 1, 0, {1.0f, 2.0f, 3.0f, 4.0f}},
+                         Text{3, TextKind::kPiece, 0, 42, " once"}};
   int i = 0;
   for (const auto& m : all) {
     auto bytes = Encode(m);

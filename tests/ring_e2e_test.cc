@@ -356,6 +356,78 @@ TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNext
   EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
 }
 
+// The texts a device printed for the turns of the head named `head` (node: the room's
+// stream on its terminal), each as it stood at the turn's end marker; waits up to 15 s
+// for `want` of them.
+std::vector<std::string> ShownTexts(const fs::path& log, const std::string& head, size_t want) {
+  const std::string begin = "--- text of a turn by head '" + head + "' (", end = "--- end of the turn by head '" + head;
+  std::vector<std::string> texts;
+  for (int i = 0; i < 300; ++i) {
+    const std::string out = e2e::ReadAll(log.string());
+    texts.clear();
+    for (size_t at = out.find(begin); at != std::string::npos; at = out.find(begin, at + 1)) {
+      const size_t from = out.find('\n', at) + 1;
+      const size_t to = out.find(end, from);
+      if (to == std::string::npos) break;
+      texts.push_back(out.substr(from, to - from));
+    }
+    if (texts.size() >= want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return texts;
+}
+
+// Every device of the room shows the turn's text as it is generated, as the original does:
+// those the plan leaves out (every one when the turn stays on the head) and the stages alike,
+// equal to the head's; `--no-share-tokens` keeps it on the head, `--no-show-tokens` off a
+// device's terminal.
+TEST_F(RingTest, EveryDeviceOfTheRoomShowsTheTurnsTextInThePlanOrNot) {
+  StartServe(/*compute=*/false);
+  StartNodes(2);
+  std::vector<std::string> quiet = {e2e::Bin(), "node", "--join", Join(), "--name", "node-3", "--no-show-tokens"};
+  for (const auto& a : ModelsDirArgs()) quiet.push_back(a);
+  procs_.push_back(Proc::Spawn(quiet, BaseEnv("node-3"), (tmp_ / "node-3.log").string()));
+  WaitForJoined(3);
+  // The shown text ends its line (the closing marker starts the next).
+  auto line = [](std::string t) { return t.empty() || t.back() == '\n' ? t : t + "\n"; };
+  // The whole model fits the head: the turn stays there, and no node holds a layer.
+  auto [rc1, alone] = Run({"--model", Stories(), "--prompt", "Once upon a time", "-n", "40"});
+  ASSERT_EQ(rc1, 0) << last_run_log_;
+  ASSERT_EQ(alone["plan"].size(), 1u) << last_run_log_;
+  const std::string text1 = alone["text"];
+  ASSERT_FALSE(text1.empty());
+  // Two stages: one node holds layers, the other none.
+  auto [rc2, split] = Run({"--model", Stories(), "--prompt", "Lily and Ben", "-n", "40", "--stages", "2"});
+  ASSERT_EQ(rc2, 0) << last_run_log_;
+  ASSERT_EQ(split["plan"].size(), 2u) << last_run_log_;
+  const std::string text2 = split["text"];
+  for (const char* node : {"node-1", "node-2"}) {
+    SCOPED_TRACE(node);
+    const auto shown = ShownTexts(tmp_ / (std::string(node) + ".log"), "head", 2);
+    ASSERT_EQ(shown.size(), 2u) << e2e::ReadAll((tmp_ / (std::string(node) + ".log")).string());
+    EXPECT_EQ(shown[0], line(text1));
+    EXPECT_EQ(shown[1], line(text2));
+  }
+  // A head that does not share: its text stays on it.
+  auto [rc3, kept] =
+      Run({"--model", Stories(), "--prompt", "The little dog", "-n", "12", "--stages", "2", "--no-share-tokens"});
+  ASSERT_EQ(rc3, 0) << last_run_log_;
+  ASSERT_FALSE(kept["text"].get<std::string>().empty());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  for (const char* node : {"node-1", "node-2"}) {
+    const std::string log = e2e::ReadAll((tmp_ / (std::string(node) + ".log")).string());
+    size_t turns = 0;
+    for (size_t at = log.find("--- text of a turn"); at != std::string::npos;
+         at = log.find("--- text of a turn", at + 1))
+      ++turns;
+    EXPECT_EQ(turns, 2u) << node << ": " << log;
+  }
+  // The device that asked not to see the room's text showed none of it.
+  const std::string quiet_log = e2e::ReadAll((tmp_ / "node-3.log").string());
+  EXPECT_EQ(quiet_log.find("--- text of a turn"), std::string::npos) << quiet_log;
+  EXPECT_EQ(quiet_log.find(text1), std::string::npos) << quiet_log;
+}
+
 TEST_F(RingTest, ASecondPromptWaitsForTheTurnInProgress) {
   StartServe(/*compute=*/false);
   StartNodes(1, {"DAISY_TEST_HOP_DELAY_MS=30"});

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "e2e_util.h"
 #include "model_maker.h"
 #include "proc_util.h"
+#include "test_hub.h"
 
 namespace daisy {
 namespace {
@@ -438,6 +440,57 @@ TEST_F(ServerTest, EventsStreamStartsWithTheState) {
   EXPECT_EQ(state["room"], "default");
 }
 
+// What the room sees reaches the UI: a head from another terminal (`daisychain run`) runs a
+// turn that stays on it; serve's own device is outside that turn, and /api/events carries the
+// turn's text as that device received it (room_text), equal to the head's.
+TEST_F(ServerTest, TheRoomsStreamReachesTheUi) {
+  std::mutex mu;
+  std::string got;
+  std::atomic<bool> stop{false};
+  std::thread listen([&] {
+    auto cli = Client();
+    cli.Get("/api/events", [&](const char* data, size_t n) {
+      std::lock_guard<std::mutex> lock(mu);
+      got.append(data, n);
+      return !stop.load();
+    });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto r = e2e::RunCli("DAISY_HOME=" + (tmp_ / "other-head").string(),
+                       "run --join 127.0.0.1:" + std::to_string(port_) + " --name other-head --model " + Stories() +
+                           " --prompt 'The little dog' -n 24 --json",
+                       tmp_.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string want = Json::parse(r.out.substr(r.out.rfind("\n{") + 1))["text"];
+  std::string text;
+  bool ended = false;
+  for (int i = 0; i < 200 && !ended; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    text.clear();
+    std::string stream;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stream = got.substr(0, got.rfind("\n\n") == std::string::npos ? 0 : got.rfind("\n\n") + 2);
+    }
+    bool begun = false;
+    for (const auto& e : ParseEvents(stream)) {
+      if (e.name != "room_text" || e.data["head"] != "other-head") continue;
+      const std::string kind = e.data["kind"];
+      if (kind == "begin") begun = true;
+      if (kind == "piece" && begun) text += e.data["text"].get<std::string>();
+      if (kind == "end" && begun) {
+        text += e.data["text"].get<std::string>();
+        ended = true;
+        EXPECT_EQ(e.data["index"], 24);
+      }
+    }
+  }
+  stop = true;
+  listen.join();
+  ASSERT_TRUE(ended) << got.substr(0, 4000);
+  EXPECT_EQ(text, want);
+}
+
 TEST_F(ServerTest, ConcurrentRequestsQueueAndAllGetTheirAnswer) {
   const std::string want = GeneratedCompletion(kPrompt, 25);
   std::vector<std::thread> threads;
@@ -476,6 +529,120 @@ TEST_F(ServerTest, TheWebUiIsServed) {
   auto js = Client().Get("/app.js");
   ASSERT_TRUE(js);
   EXPECT_EQ(js->status, 200);
+}
+
+// Every regular file under `dir` that holds `needle` (none, when a secret stayed out of them).
+std::vector<std::string> FilesHolding(const fs::path& dir, const std::string& needle) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file() && e2e::ReadAll(it->path().string()).find(needle) != std::string::npos)
+      found.push_back(it->path().string());
+  return found;
+}
+
+// The UI asks for a Hub token only when the Hub refused a load for want of one: a gated repo
+// of the test Hub fails with "needs a Hugging Face token" (code hub_token_required); after
+// POST /api/hub-token it loads and a turn fetches the head's layers with it; after Forget it
+// fails again. The token is never echoed, needs the admin secret, and appears in no log (serve's
+// or a node's in the room) and no file under either DAISY_HOME.
+TEST(ServeHubToken, AGatedModelLoadsWithTheTokenGivenInTheUiAndNotAfterForget) {
+  char tmpl[] = "/tmp/daisy_serve_token_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path tmp = tmpl;
+  fs::create_directories(tmp / "repos/acme");
+  fs::copy(Stories(), tmp / "repos/acme/gated", fs::copy_options::recursive);
+  auto hub = testing::TestHub::Start((tmp / "repos").string());
+  ASSERT_TRUE(hub.ok()) << hub.status().message();
+  const std::string token = "hf_UiGivenToken" + std::to_string(::getpid()) + "x7Q";
+  (*hub)->Gate("acme/gated");
+  (*hub)->SetToken(token);
+  const int port = e2e::FreePort();
+  // No token from this environment: only the UI's.
+  auto env = [&](const std::string& home) {
+    return std::vector<std::string>{"DAISY_HOME=" + (tmp / home).string(), "HF_ENDPOINT=" + (*hub)->endpoint(),
+                                    "HF_TOKEN=", "HF_HOME=" + (tmp / home / "hf").string(),
+                                    "HF_TOKEN_PATH=" + (tmp / home / "no-token").string()};
+  };
+  Proc serve = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port), "--auto-approve", "--name", "serve",
+                            "--admin-secret-file", (tmp / "secret").string()},
+                           env("serve"), (tmp / "serve.log").string());
+  Proc node = Proc::Spawn({e2e::Bin(), "node", "--join", "127.0.0.1:" + std::to_string(port), "--name", "node-1"},
+                          env("node"), (tmp / "node.log").string());
+  const std::string secret = e2e::AdminSecretFromLog((tmp / "serve.log").string());
+  ASSERT_FALSE(secret.empty()) << e2e::ReadAll((tmp / "serve.log").string());
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  cli.set_default_headers({{"Cookie", "daisy_admin=" + secret}});
+  auto post = [&](const std::string& path, const Json& body) {
+    auto r = cli.Post(path.c_str(), body.dump(), "application/json");
+    return std::pair<int, std::string>{r ? r->status : -1, r ? r->body : ""};
+  };
+  auto token_set = [&] {
+    auto r = cli.Get("/api/hub-token");
+    EXPECT_TRUE(r && r->status == 200);
+    EXPECT_EQ(r->body.find(token), std::string::npos);
+    return r ? Json::parse(r->body, nullptr, false)["set"] == true : false;
+  };
+  for (int i = 0; i < 400 && !cli.Get("/api/state"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+
+  // Without a token: the Hub's 401, said as such.
+  auto [s1, b1] = post("/api/load", {{"model", "acme/gated"}});
+  EXPECT_EQ(s1, 400) << b1;
+  EXPECT_EQ(Json::parse(b1, nullptr, false)["error"]["code"], "hub_token_required") << b1;
+  EXPECT_NE(b1.find("needs a Hugging Face token"), std::string::npos) << b1;
+  EXPECT_FALSE(token_set());
+  // Strangers cannot give one; a malformed one is refused without being repeated.
+  {
+    httplib::Client stranger("127.0.0.1", port);
+    auto r = stranger.Post("/api/hub-token", Json{{"token", token}}.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << r->body;
+    EXPECT_FALSE(token_set());
+  }
+  auto [s2, b2] = post("/api/hub-token", {{"token", "hf_has a space"}});
+  EXPECT_EQ(s2, 400);
+  EXPECT_EQ(b2.find("has a space"), std::string::npos) << b2;
+  // With the token: it loads, and a turn fetches the head's layers with it.
+  auto [s3, b3] = post("/api/hub-token", {{"token", token}});
+  EXPECT_EQ(s3, 200) << b3;
+  EXPECT_EQ(b3.find(token), std::string::npos);
+  EXPECT_TRUE(token_set());
+  auto [s4, b4] = post("/api/load", {{"model", "acme/gated"}});
+  ASSERT_EQ(s4, 200) << b4;
+  ASSERT_TRUE(ModelLoadedAndApproved(cli, "node-1"));  // a device of the room during the turn
+  auto gen =
+      cli.Post("/api/generate", Json{{"prompt", "Once upon a time"}, {"max_tokens", 12}}.dump(), "application/json");
+  ASSERT_TRUE(gen);
+  EXPECT_NE(gen->body.find("event: done"), std::string::npos) << gen->body;
+  // Forgotten: the next load is refused again.
+  auto [s5, b5] = post("/api/hub-token/forget", Json::object());
+  EXPECT_EQ(s5, 200) << b5;
+  EXPECT_FALSE(token_set());
+  auto [s6, b6] = post("/api/load", {{"model", "acme/gated"}});
+  EXPECT_EQ(s6, 400) << b6;
+  EXPECT_EQ(Json::parse(b6, nullptr, false)["error"]["code"], "hub_token_required") << b6;
+
+  for (int i = 0; i < 100 && e2e::ReadAll((tmp / "node.log").string()).find("--- end of the turn") == std::string::npos;
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  serve.Stop(SIGINT);
+  node.Stop(SIGINT);
+  // The Hub let the token through (only the right one opens the gate), and it is nowhere else.
+  int opened = 0;
+  for (const auto& r : (*hub)->requests()) opened += r.had_auth && r.status / 100 == 2 ? 1 : 0;
+  EXPECT_GT(opened, 0);
+  for (const char* log : {"serve.log", "node.log"}) {
+    const std::string text = e2e::ReadAll((tmp / log).string());
+    EXPECT_EQ(text.find(token), std::string::npos) << log << ": " << text;
+  }
+  EXPECT_NE(e2e::ReadAll((tmp / "node.log").string()).find("--- text of a turn"), std::string::npos)
+      << "the node was in the room during the turn";
+  EXPECT_TRUE(FilesHolding(tmp / "serve", token).empty());
+  EXPECT_TRUE(FilesHolding(tmp / "node", token).empty());
+  std::error_code ec;
+  if (!::testing::Test::HasFailure()) fs::remove_all(tmp, ec);
 }
 
 TEST(ServeCommand, StartsWithoutAModelAndStopsCleanlyOnCtrlC) {

@@ -103,7 +103,15 @@
     } catch (e) {
       throw new Error('Cannot reach the server (' + (e && e.message ? e.message : e) + ')');
     }
-    if (!res.ok) throw new Error(await errorOf(res));
+    if (!res.ok) {
+      // The message, and the error's code for callers that act on it (hub_token_required).
+      const text = await res.text().catch(() => '');
+      let code = null;
+      try { const j = JSON.parse(text); code = (j && j.error && j.error.code) || null; } catch (_) { /* not JSON */ }
+      const err = new Error(await errorOf(new Response(text, { status: res.status, statusText: res.statusText })));
+      err.code = code;
+      throw err;
+    }
     try {
       return await res.json();
     } catch (e) {
@@ -446,14 +454,64 @@
       if (r.model) renderModel(r.model);
       renderPlan(r.plan || null);
       logStatus('loaded ' + ((r.model && (r.model.model_id || r.model.source)) || src));
+      $('token-form').hidden = true;
     } catch (e) {
       setMsg(err, 'Could not load ' + src + ': ' + e.message);
       logStatus('load failed: ' + e.message, 'error');
+      if (e.code === 'hub_token_required') {
+        ui.tokenFor = src;
+        $('token-form').hidden = false;
+        $('token-input').focus();
+      }
     } finally {
       btn.disabled = false;
       btn.textContent = 'Load';
       updateGenerateEnabled();
+      refreshToken();
     }
+  }
+
+  // ---------- the Hub token (asked only after the Hub refused a load for want of one) ----------
+
+  async function refreshToken() {
+    try {
+      const res = await fetch('/api/hub-token', { cache: 'no-store' });
+      if (!res.ok) return;
+      const j = await res.json();
+      $('token-held').hidden = !(j && j.set);
+    } catch (_) { /* the event stream reports the connection */ }
+  }
+
+  async function giveToken(ev) {
+    ev.preventDefault();
+    const input = $('token-input');
+    const token = input.value.trim();
+    const err = $('load-error');
+    if (!token) { setMsg(err, 'Paste a Hugging Face token (hf_…), or load another model.'); return; }
+    $('token-btn').disabled = true;
+    try {
+      await postJSON('/api/hub-token', { token });
+      input.value = '';  // the page keeps no copy
+      $('token-form').hidden = true;
+      setMsg(err, '');
+      if (ui.tokenFor) $('model-input').value = ui.tokenFor;
+      $('load-form').requestSubmit();
+    } catch (e) {
+      setMsg(err, 'The token was not taken: ' + e.message);
+    } finally {
+      $('token-btn').disabled = false;
+      refreshToken();
+    }
+  }
+
+  async function forgetToken() {
+    try {
+      await postJSON('/api/hub-token/forget', {});
+      logStatus('the Hub token was forgotten');
+    } catch (e) {
+      setMsg($('load-error'), 'Could not forget the token: ' + e.message);
+    }
+    refreshToken();
   }
 
   // ---------- download progress ----------
@@ -761,12 +819,58 @@
       ui.lastEventAt = Date.now();
       onProgress(parseData(m.data));
     });
+    es.addEventListener('room_text', (m) => {
+      ui.lastEventAt = Date.now();
+      onRoomText(parseData(m.data));
+    });
     es.addEventListener('error', () => {
       // The browser retries by itself while the stream is CONNECTING; when it gives up
       // (CLOSED, e.g. an HTTP error) we retry with a growing delay.
       setConn('down', 'connection lost, reconnecting…');
       if (es.readyState === EventSource.CLOSED) scheduleReconnect();
     });
+  }
+
+  // ---------- what the room sees (room_text events: every head's turns, as a device gets them) ----------
+
+  const roomTurns = new Map();  // head id + stream -> { box, pre, who, text, starts }
+  function onRoomText(d) {
+    if (!d || typeof d.kind !== 'string') return;
+    const key = (d.head_id || '') + '/' + d.stream;
+    let t = roomTurns.get(key);
+    if (d.kind === 'begin') {
+      if (t) return;
+      const who = el('div', { class: 'who' });
+      const pre = el('pre', { 'data-testid': 'room-turn-text' });
+      const box = el('div', { class: 'room-turn', 'data-testid': 'room-turn', 'data-state': 'streaming' }, who, pre);
+      t = { box, pre, who, text: '', starts: [], head: (d.head || 'a head') + ' (' + String(d.head_id || '').slice(0, 8) + ')' };
+      who.textContent = t.head + ' · generating…';
+      roomTurns.set(key, t);
+      const list = $('room-stream');
+      list.prepend(box);
+      // The last few turns stay.
+      while (list.children.length > 5) {
+        const old = list.lastElementChild;
+        for (const [k, v] of roomTurns) if (v.box === old) roomTurns.delete(k);
+        old.remove();
+      }
+      $('room-stream-empty').hidden = true;
+      return;
+    }
+    if (!t) return;  // a turn begun before this page listened
+    if (d.kind === 'piece') {
+      if (!(d.index >= 0) || d.index > t.starts.length + 64) return;  // a gap no turn makes
+      while (t.starts.length <= d.index) t.starts.push(t.text.length);
+      t.text += d.text || '';
+    } else if (d.kind === 'retract') {
+      if (d.index < t.starts.length) { t.text = t.text.slice(0, t.starts[d.index]); t.starts.length = d.index; }
+    } else if (d.kind === 'end' || d.kind === 'failed') {
+      if (d.kind === 'end') t.text += d.text || '';
+      t.box.dataset.state = d.kind === 'end' ? 'done' : 'failed';
+      t.who.textContent = t.head + ' · ' + (d.kind === 'end' ? d.index + ' tokens' : 'failed after ' + d.index + ' tokens');
+      roomTurns.delete(key);
+    }
+    t.pre.textContent = t.text;
   }
 
   function scheduleReconnect() {
@@ -789,6 +893,8 @@
   // ---------- wiring ----------
 
   $('load-form').addEventListener('submit', load);
+  $('token-form').addEventListener('submit', giveToken);
+  $('token-forget').addEventListener('click', forgetToken);
   $('stages').addEventListener('input', updateSplitNote);
   $('generate-form').addEventListener('submit', generate);
   $('stop-btn').addEventListener('click', () => { if (ui.abort) ui.abort.abort(); });
@@ -815,5 +921,6 @@
   window.daisy = { SSEParser, ui, el, parseData, errorOf, streamEvents, readSettings, logStatus, fmtMs, fmtNum, layersText };
 
   refreshState();
+  refreshToken();
   connectEvents();
 })();

@@ -23,6 +23,7 @@ struct NodeFlags {
   std::string advertise;
   std::string server_key;
   bool no_cache = false;
+  bool no_show_tokens = false;
   std::vector<std::string> models_dirs;
   std::string max_memory;
   int threads = 0;
@@ -95,6 +96,7 @@ int RunNodeCommand(NodeFlags f) {
   o.hub.progress = TerminalProgressBar("layers");
   o.stop = &StopRequested();
   o.models_dirs = f.models_dirs;
+  o.print_tokens = !f.no_show_tokens;
   o.faults = ProcessNodeFaults();
   Status st = RunNode(o);
   if (!st.ok()) return ReportError(st.message());
@@ -131,6 +133,9 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
                   "repo ids. A path outside every such folder (symlinks and .. resolved) is refused, unread")
       ->allow_extra_args(false);
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk slice cache");
+  sub->add_flag("--no-show-tokens", f->no_show_tokens,
+                "Do not print the text of the room's turns (by default every turn a head of the room runs is shown "
+                "here as it is generated, on stdout, whether or not this device holds layers of it)");
   AddMaxMemoryFlag(sub, f->max_memory);
   sub->add_option("--threads", f->threads, "Kernel threads (default: all cores)")->check(CLI::Range(1, 1024));
   return [f] { return RunNodeCommand(*f); };

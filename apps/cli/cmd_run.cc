@@ -31,6 +31,7 @@ struct RunFlags {
   SessionOptions session;  // --audit, --audit-seed
   bool json = false;
   bool no_cache = false;
+  bool no_share_tokens = false;
   std::string server_key;
   double lap_timeout = 60;
   std::string max_memory;
@@ -65,6 +66,7 @@ int RunRun(const RunFlags& f) {
   so.rendezvous = *addr;
   so.server_key = f.server_key;
   so.lap_timeout_s = f.lap_timeout;
+  so.share_tokens = !f.no_share_tokens;
   auto budget = ParseMaxMemory(f.max_memory);
   if (!budget.ok()) return ReportError(budget.status().message(), 2);
   so.max_memory = *budget;
@@ -135,6 +137,7 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
   AddAuditFlags(sub, f->session);
   sub->add_flag("--json", f->json, "Print one JSON object at the end instead of streaming text");
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");
+  AddShareTokensFlag(sub, f->no_share_tokens);
   sub->add_option("--threads", f->threads, "Kernel threads of this device (default: all cores)")
       ->check(CLI::Range(1, 1024));
   return [f] { return RunRun(*f); };

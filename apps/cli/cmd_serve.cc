@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "cli_common.h"
@@ -43,6 +44,7 @@ struct ServeFlags {
   bool no_lookahead = false;
   bool no_cache = false;
   bool no_announce = false;
+  bool no_share_tokens = false;
   int stages = 0;
   std::string api_key;            // "": the OpenAI API answers this machine only
   std::string admin_secret_file;  // where to write the UI's admin secret ("" : nowhere)
@@ -94,6 +96,11 @@ int RunServe(const ServeFlags& f) {
   hub.use_cache = !f.no_cache;
   hub.cache_dir = DeviceCacheDir();
   hub.allow_token_prompt = false;  // requests come over HTTP: no terminal to ask on
+  // The head's loads (and the chat template's) also take a token the web UI gives after a
+  // refusal, held in memory only; the compute device fetches with this machine's own
+  // credentials, as any device does.
+  HubOptions head_hub = hub;
+  head_hub.runtime_token = std::make_shared<RuntimeToken>();
 
   // This process's own devices (its head and its compute device) are admitted without
   // asking, whatever --auto-approve says.
@@ -104,12 +111,13 @@ int RunServe(const ServeFlags& f) {
   so.name = f.name.empty() ? "" : f.name;
   so.role = "serve-head";
   so.bind_host = f.host;
-  so.hub = hub;
+  so.hub = head_hub;
   so.admission = own;
   so.audit_rate = f.session.audit_rate;
   so.audit_seed = f.session.audit_seed;
   so.max_memory = *budget;
   so.lookahead = f.no_lookahead ? 0 : kDefaultLookahead;
+  so.share_tokens = !f.no_share_tokens;
   std::string compute_id;
   if (!f.no_compute) {
     // The compute device of this process is the head's own machine: the head holds layers
@@ -134,7 +142,7 @@ int RunServe(const ServeFlags& f) {
   sv.auto_approve = f.auto_approve;
   sv.rendezvous = rv->get();
   sv.session = session->get();
-  sv.hub = hub;
+  sv.hub = head_hub;
   sv.compute_device_id = compute_id;
   sv.api_key = f.api_key;
   sv.allowed_hosts = f.allow_hosts;
@@ -182,6 +190,10 @@ int RunServe(const ServeFlags& f) {
     }
   }
 
+  // The room's turns as this process's compute device receives them go to the UI; the server
+  // goes before the compute device stops, so the device asks under a lock whether it is there.
+  std::mutex shown_mu;
+  Server* shown_on = server->get();
   std::thread compute;
   if (!f.no_compute) {
     compute = std::thread([&] {
@@ -194,6 +206,12 @@ int RunServe(const ServeFlags& f) {
       o.hub = hub;
       o.admission = own;
       o.print_tokens = false;
+      o.on_text = [&](const std::string& head_id, const std::string& head_name, const wire::Text& t) {
+        static constexpr const char* kKinds[] = {"begin", "piece", "retract", "end", "failed"};
+        std::lock_guard<std::mutex> lock(shown_mu);
+        if (shown_on)
+          shown_on->ShowRoomText({head_id, head_name, t.stream, kKinds[static_cast<size_t>(t.kind)], t.index, t.text});
+      };
       o.stop = &StopRequested();
       o.max_memory = *budget;
       // Local folders other heads may name: --models-dir, and the --model folder this
@@ -276,6 +294,10 @@ int RunServe(const ServeFlags& f) {
   announcer.reset();
   mux_now.store(nullptr);
   mux->reset();
+  {
+    std::lock_guard<std::mutex> lock(shown_mu);
+    shown_on = nullptr;
+  }
   server->reset();
   session->reset();
   if (compute.joinable()) compute.join();
@@ -318,6 +340,7 @@ DAISY_REGISTER_COMMAND(serve, 60, [](CLI::App& app) -> std::function<int()> {
   sub->add_flag("--no-announce", f->no_announce,
                 "Do not announce the room on the local network (by default a --host other than loopback is announced "
                 "by UDP multicast so `daisychain node` finds it without --join)");
+  AddShareTokensFlag(sub, f->no_share_tokens);
   sub->add_flag("--no-compute", f->no_compute, "Start no compute device in this process besides the head itself");
   AddMaxMemoryFlag(sub, f->max_memory);  // the head's budget, and its compute device's
   sub->add_flag("--no-cache", f->no_cache, "Do not use the on-disk download cache");

@@ -33,6 +33,12 @@ void AddMaxMemoryFlag(CLI::App* app, std::string& text) {
                   "assignment that does not fit is refused before any download");
 }
 
+void AddShareTokensFlag(CLI::App* app, bool& no_share) {
+  app->add_flag("--no-share-tokens", no_share,
+                "Send the text of this head's turns to no other device (by default every device of the room, "
+                "approved by the host, sees it as it is generated, whether or not it holds layers of the turn)");
+}
+
 Result<std::optional<uint64_t>> ParseMaxMemory(const std::string& text) {
   if (text.empty()) return std::optional<uint64_t>{};
   auto bytes = ParseMemorySize(text);

@@ -20,6 +20,8 @@ void InstallStopSignals();
 
 // --max-memory SIZE on a ring command: `text` is what the user wrote ("" when absent).
 void AddMaxMemoryFlag(CLI::App* app, std::string& text);
+// --no-share-tokens on a head: its turns' text goes to no other device of the room.
+void AddShareTokensFlag(CLI::App* app, bool& no_share);
 // The parsed budget, unset when the flag is absent; an error names the bad text.
 Result<std::optional<uint64_t>> ParseMaxMemory(const std::string& text);
 

@@ -114,6 +114,9 @@ struct SessionOptions {
   // head from the stage's own inputs and compared bit for bit (docs/ARCHITECTURE.md).
   double audit_rate = 0;
   uint64_t audit_seed = 0;  // the draw's seed (0: from std::random_device)
+  // Every device of the room (not only the turn's stages) is sent each turn's text as it is
+  // generated (wire::Text); false (serve/run --no-share-tokens): nobody but this head sees it.
+  bool share_tokens = true;
   // Tests only: the prefix cache keeps this many positions more than the prompt shares with
   // what it cached (a planted bug that Verify must catch). Never set outside tests.
   int test_keep_extra = 0;

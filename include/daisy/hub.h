@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,10 +20,32 @@
 
 namespace daisy {
 
+// A Hugging Face token given while the program runs (serve's web UI asks for one after a
+// load was refused for want of it), held in memory only: never written, never logged (it is
+// registered for redaction at once). A source opened with it asks it before every request,
+// so a token set after a refusal, or forgotten, counts from the next request. Thread-safe.
+class RuntimeToken {
+ public:
+  // InvalidArgument (not naming the token) unless 4 to 1024 printable characters without
+  // spaces, as an HTTP header needs.
+  Status Set(std::string_view token);
+  // Overwrites the held copy and drops it; the redaction forgets it too.
+  void Forget();
+  bool has() const;
+  std::optional<std::string> Get() const;
+  ~RuntimeToken() { Forget(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::string token_;
+};
+
 struct HubOptions {
   std::string endpoint;              // empty: $HF_ENDPOINT or https://huggingface.co
   std::optional<std::string> token;  // empty: $HF_TOKEN, the token file, or a prompt
-  bool allow_token_prompt = true;    // no-echo prompt on a terminal after a 401
+  // When set and holding a token, that token is sent instead of the ones above.
+  std::shared_ptr<RuntimeToken> runtime_token;
+  bool allow_token_prompt = true;  // no-echo prompt on a terminal after a 401
   bool use_cache = true;
   std::string cache_dir;           // empty: $DAISY_CACHE_DIR, $XDG_CACHE_HOME/daisychain,
                                    // or ~/.cache/daisychain

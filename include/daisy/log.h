@@ -14,6 +14,8 @@ enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kSi
 // Registers a secret to be scrubbed from every log line and from RedactedMessage().
 // Empty strings and strings shorter than 4 characters are ignored (they would match noise).
 void RegisterSecret(std::string_view secret);
+// Unregisters a secret that is gone (a token the user asked to forget): its copy here goes.
+void ForgetSecret(std::string_view secret);
 // Returns text with every registered secret replaced by "[redacted]".
 std::string Redact(std::string_view text);
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,7 +51,12 @@ struct NodeOptions {
   std::string server_key;                   // --server-key FPR (see JoinOptions)
   std::optional<net::Admission> admission;  // in-process admission (see JoinOptions)
   HubOptions hub;                           // this device's own credentials and cache
-  bool print_tokens = true;                 // print the token stream as it arrives
+  // Print the text of the room's turns as it arrives (wire::Text from any head of the room,
+  // whether or not this device holds layers of the turn) on stdout; node --no-show-tokens.
+  bool print_tokens = true;
+  // Each such message, with the sending head's device id and name ("" when the room's list
+  // does not have it), on the node's thread: serve shows the room's stream in the web UI.
+  std::function<void(const std::string& head_id, const std::string& head_name, const wire::Text& text)> on_text;
   const std::atomic<bool>* stop = nullptr;  // stops the loop when it becomes true
   int cache_slots = 4;                      // conversations whose KV this device keeps (prefix cache)
   // Local folders an assignment may name (node --models-dir): a folder is opened only if it

@@ -8,6 +8,7 @@
 // token. Thread-safe: httplib serves each connection on a thread of its own.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -58,6 +59,17 @@ struct ServerOptions {
   int max_event_streams_per_client = 8;
 };
 
+// One message of a turn's text as a device of the room received it (wire::Text): the UI's
+// "What the room sees" panel shows the room's turns, whichever head runs them.
+struct RoomText {
+  std::string head_id;    // the sending head's device id
+  std::string head_name;  // and its name
+  uint32_t stream = 0;    // the head's count of its turns
+  std::string kind;       // "begin", "piece", "retract", "end" or "failed"
+  int32_t index = 0;      // as in wire::Text
+  std::string text;
+};
+
 class Server {
  public:
   // Binds and starts serving on its own threads.
@@ -71,6 +83,8 @@ class Server {
   const std::string& admin_secret() const;
   // Loads SRC as the session's model (as POST /api/load does) and reads its chat template.
   Status Load(const std::string& source, int ctx);
+  // Sends `text` to every open /api/events stream (event room_text). Thread-safe.
+  void ShowRoomText(const RoomText& text);
 
  private:
   struct Impl;

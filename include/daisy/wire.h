@@ -35,12 +35,14 @@ enum class Tag : int32_t {
   kAuditRequest = -34,
   kAuditData = -35,
   kHopReceipt = -36,
+  kText = -37,
 };
 
-// 5: peak RSS in ready and stage_stats; the forward's numerics changed (two-term P,
+// 6: the token stream as text to every device of the room (text), instead of token ids
+// to the turn's stages. 5: peak RSS in ready and stage_stats; the forward's numerics changed (two-term P,
 // two-term narrow activations): members of different arithmetic would disagree on every
 // activation, so they must not share a ring. 4: BLAKE2b audit digests, hop receipts.
-inline constexpr uint16_t kProtocolVersion = 5;
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kMaxString = 1024;  // any string field
 inline constexpr size_t kMaxStages = 256;
 inline constexpr size_t kMaxFrameBytes = 256u << 20;  // an activation of a long prefill chunk fits
@@ -124,6 +126,27 @@ struct Token {
   int32_t position = 0;
   int32_t token_id = 0;
   bool operator==(const Token&) const = default;
+};
+
+// Head -> every device of the room (not only the turn's stages): the turn's text as it is
+// generated, so a member that holds no layers (or no tokenizer) shows it too. One stream per
+// request of the head; a replay continues it. Pieces are the head's own decoded text.
+enum class TextKind : uint8_t {
+  kBegin = 0,    // a turn starts (index 0, token_id -1, no text)
+  kPiece = 1,    // token number `index` of the turn (0 first), id `token_id`, adds `text` (may be "")
+  kRetract = 2,  // the audit withdrew tokens: only the first `index` stand (their text kept)
+  kEnd = 3,      // the turn is done: `index` tokens in all; `text` is what the head held back till now
+  kFailed = 4,   // the turn ended with an error after `index` tokens
+};
+inline constexpr size_t kMaxTextPiece = kMaxString;  // longer text goes in several pieces of one index
+struct Text {
+  static constexpr Tag kTag = Tag::kText;
+  uint32_t stream = 0;  // the head's count of its turns
+  TextKind kind = TextKind::kPiece;
+  int32_t index = 0;
+  int32_t token_id = -1;  // a piece's token; -1 otherwise
+  std::string text;
+  bool operator==(const Text&) const = default;
 };
 
 enum class FinishReason : uint8_t { kStop = 0, kLength = 1, kCancelled = 2, kError = 3 };
@@ -275,7 +298,7 @@ inline constexpr size_t kMaxPeers = 256;
 // Each message and part compares field by field (==). Floats compare as numbers (-0 == +0):
 // where the bits matter, compare the payload bytes.
 using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers,
-                             Progress, StageStats, HopDigest, AuditRequest, AuditData, HopReceipt>;
+                             Progress, StageStats, HopDigest, AuditRequest, AuditData, HopReceipt, Text>;
 
 std::vector<uint8_t> Encode(const Message& message);
 // Decodes one whole frame. `hidden` is the activation row width the receiver expects (0:

@@ -1,5 +1,6 @@
 #include "daisy/log.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <vector>
@@ -56,6 +57,17 @@ void RegisterSecret(std::string_view secret) {
   for (const std::string& s : st.secrets)
     if (s == secret) return;
   st.secrets.emplace_back(secret);
+}
+
+void ForgetSecret(std::string_view secret) {
+  LogState& st = State();
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (auto it = st.secrets.begin(); it != st.secrets.end(); ++it)
+    if (*it == secret) {
+      std::fill(it->begin(), it->end(), '\0');
+      st.secrets.erase(it);
+      return;
+    }
 }
 
 std::string Redact(std::string_view text) {

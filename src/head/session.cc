@@ -247,6 +247,9 @@ Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& op
   mo.unreachable_timeout_s = 10;
   DAISY_ASSIGN_OR_RETURN(impl->member, RoomMember::Create(mo));
   impl->room = std::make_unique<head::HeadRoom>(*impl->member);
+  if (options.share_tokens) {
+    DAISY_ASSIGN_OR_RETURN(impl->text_cast, head::TextCast::Start(impl->member->keys()));
+  }
   if (options.join_at_start) {
     auto lock = impl->TakeTurn();
     DAISY_RETURN_IF_ERROR(impl->JoinRoom());

@@ -24,6 +24,7 @@
 #include "daisy/turn_queue.h"
 #include "link.h"
 #include "room.h"
+#include "text_cast.h"
 #include "verify.h"
 
 namespace daisy {
@@ -115,7 +116,8 @@ struct HeadSession::Impl {
   bool joined = false;
   std::mt19937_64 audit_rng;
   std::map<std::pair<int, int>, std::unique_ptr<StageWeights>> audit_weights;
-  std::vector<head::StepDigest> ring_steps;  // the last finished turn's step digests, for Verify
+  std::vector<head::StepDigest> ring_steps;   // the last finished turn's step digests, for Verify
+  std::unique_ptr<head::TextCast> text_cast;  // the turn's text to the room; null: --no-share-tokens
 
   ~Impl();
   const std::string& id() const { return member->id(); }
@@ -142,6 +144,9 @@ struct HeadSession::Impl {
 
   // ---- turn.cc: a turn, phase by phase ----
   Result<HeadReport> Generate(const TurnRequest& r, const TurnQueue::Ticket* held);
+  // `r` with its text also going to every device of the room (text_cast) as it streams: the
+  // stream begins at the first token (`begun`); the text held back to the end goes to `tail`.
+  TurnRequest SharedWithTheRoom(const TurnRequest& r, std::string& tail, bool& begun);
   Status Turn(head::TurnState& t, GenerateOptions gen);
   Status PlanTurn(head::TurnState& t);
   wire::Assignment AssignmentFor(const head::TurnState& t, size_t stage) const;

@@ -40,8 +40,48 @@ std::string StageName(const Plan& p, size_t i) {
 
 }  // namespace
 
+TurnRequest HeadSession::Impl::SharedWithTheRoom(const TurnRequest& request, std::string& tail, bool& begun) {
+  TurnRequest r = request;
+  if (!text_cast) return r;
+  // Every device but the heads (which show their own turns): stages and members outside the
+  // plan alike, approved members all (the room's list holds no other).
+  auto begin = [this, &begun] {
+    if (begun) return;
+    std::vector<wire::Peer> devices;
+    for (const auto& p : room->peers())
+      if (p.hello.device_id != id() && !(p.hello.capabilities & wire::kCapHead)) devices.push_back(p);
+    text_cast->Begin(std::move(devices));
+    begun = true;
+  };
+  r.on_token = [this, &tail, begin, inner = request.on_token](int32_t tid, std::string_view text) {
+    if (inner) inner(tid, text);
+    if (tid < 0) {
+      tail += text;
+      return;
+    }
+    begin();
+    text_cast->Piece(tid, text);
+  };
+  r.on_retract = [this, &begun, inner = request.on_retract](size_t kept) {
+    if (inner) inner(kept);
+    if (begun) text_cast->Retract(kept);
+  };
+  return r;
+}
+
 // `held`: the caller's turn; nullptr: one is taken here.
-Result<HeadReport> HeadSession::Impl::Generate(const TurnRequest& r, const TurnQueue::Ticket* held) {
+Result<HeadReport> HeadSession::Impl::Generate(const TurnRequest& request, const TurnQueue::Ticket* held) {
+  std::string tail;
+  bool begun = false;
+  const TurnRequest r = SharedWithTheRoom(request, tail, begun);
+  struct Failed {  // a turn that streamed and then failed says so to the room
+    head::TextCast* cast;
+    const bool& begun;
+    bool done = false;
+    ~Failed() {
+      if (cast && begun && !done) cast->Fail();
+    }
+  } failed{text_cast.get(), begun};
   DAISY_RETURN_IF_ERROR(CheckHeld(held));
   TurnQueue::Ticket own;
   if (!held) own = TakeTurn();
@@ -90,6 +130,10 @@ Result<HeadReport> HeadSession::Impl::Generate(const TurnRequest& r, const TurnQ
     }
     last_error = turn_status.message();
     say("the turn failed: " + last_error);
+  }
+  if (begun) {  // the room's stream ends with the text, before a Verify
+    failed.done = true;
+    text_cast->End(tail);
   }
   if (!report.plan.empty()) report.plan[0].peak_rss_bytes = PeakRssBytes();
   if (r.verify) {
@@ -353,9 +397,6 @@ Status HeadSession::Impl::RunLaps(TurnState& t, GenerateOptions gen) {
     } else if (t.emitted[ids.size() - 1] != tid) {
       diverged = true;  // a replay must give the same ids; refuse to stream a different text
     }
-    const int32_t pos = static_cast<int32_t>(report.prompt_ids.size() + ids.size() - 1);
-    for (size_t i = 1; i < stages.size(); ++i)
-      (void)member->Send(stages[i].address, wire::Message(wire::Token{static_cast<int32_t>(turn), pos, tid}), 500);
   };
   gen.first_position = t.keep;
   // An audited turn re-runs hops from each stage's kept inputs in position order, which a

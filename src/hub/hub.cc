@@ -2,6 +2,7 @@
 // revision pinning, error mapping, retries with resume, and the range cache.
 #include "daisy/hub.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -299,6 +300,8 @@ class HubClient {
 
  private:
   std::optional<std::string> CurrentToken() const {
+    if (options_.runtime_token)
+      if (auto t = options_.runtime_token->Get()) return t;
     std::lock_guard<std::mutex> lock(mu_);
     return token_;
   }
@@ -631,6 +634,37 @@ class HubModelSource final : public ModelSource {
 };
 
 }  // namespace
+
+Status RuntimeToken::Set(std::string_view token) {
+  if (token.size() < 4 || token.size() > 1024)
+    return InvalidArgument("a Hugging Face token has 4 to 1024 characters (hf_...); this one has " +
+                           std::to_string(token.size()));
+  DAISY_RETURN_IF_ERROR(hub::CheckTokenChars(token));
+  Forget();               // the one held before (it may be this one: registered again below)
+  RegisterSecret(token);  // before anything could log it
+  std::lock_guard<std::mutex> lock(mu_);
+  token_ = token;
+  return Status::Ok();
+}
+
+void RuntimeToken::Forget() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (token_.empty()) return;
+  ForgetSecret(token_);
+  std::fill(token_.begin(), token_.end(), '\0');  // the bytes, not only the length
+  token_.clear();
+}
+
+bool RuntimeToken::has() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !token_.empty();
+}
+
+std::optional<std::string> RuntimeToken::Get() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (token_.empty()) return std::nullopt;
+  return token_;
+}
 
 Result<std::unique_ptr<ModelSource>> OpenHubRepo(const HubRef& ref, const HubOptions& options) {
   DAISY_RETURN_IF_ERROR(ValidateRepoId(ref.repo));

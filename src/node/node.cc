@@ -17,7 +17,7 @@
 #include "daisy/net.h"
 #include "daisy/plan.h"
 #include "daisy/ring.h"
-#include "daisy/tokenizer.h"
+#include "text_view.h"
 
 namespace daisy {
 
@@ -34,7 +34,6 @@ struct Slice {
   std::unique_ptr<ModelSource> source;
   std::unique_ptr<ModelInfo> info;
   std::unique_ptr<StageWeights> weights;
-  std::optional<Tokenizer> tokenizer;
 };
 
 // One conversation's KV on this stage (the prefix cache).
@@ -86,6 +85,7 @@ class Node {
       if (member_->RendezvousLost()) {
         // The rendezvous stopped taking heartbeats: it is gone, or it restarted and no longer
         // admits this key. Ask to be admitted again (same server key); the layers stay.
+        BreakTextLine();
         std::fprintf(
             stderr,
             "node %s: lost the rendezvous at %s (no heartbeat got through for %.0f s); asking to be admitted again\n",
@@ -116,9 +116,11 @@ class Node {
   // the head: a member of the room that floods or sends junk disturbs nothing.
   void Handle(Incoming& in) {
     const std::string& sender = in.sender;
+    last_sender_ = sender;
     const bool from_head = !head_key_.empty() && sender == head_key_;
     const bool from_upstream = !upstream_key_.empty() && sender == upstream_key_;
     if (!in.message.ok()) {  // only the head's or upstream's get here (Receive's `expects`)
+      BreakTextLine();
       LogWarning("node: refused a frame: " + in.message.status().message());
       (void)member_->Send(head_address_,
                           wire::Message(wire::ErrorMsg{wire::ErrorKind::kFrame,
@@ -137,6 +139,10 @@ class Node {
             allowed = !m.stages.empty() && member_->KeyOf(m.stages[0].device_id) == sender;
           } else if constexpr (std::is_same_v<T, wire::Activation> || std::is_same_v<T, wire::HopReceipt>) {
             allowed = from_upstream;
+          } else if constexpr (std::is_same_v<T, wire::Text>) {
+            // The room's turns: from any head of the room (the rendezvous lists only approved
+            // members), whether or not this device holds layers of the turn.
+            allowed = from_head || IsHead(sender);
           } else if constexpr (std::is_same_v<T, wire::Token> || std::is_same_v<T, wire::Done> ||
                                std::is_same_v<T, wire::AuditRequest> || std::is_same_v<T, wire::ErrorMsg>) {
             allowed = from_head;
@@ -147,10 +153,20 @@ class Node {
     std::visit([&](auto& m) { On(m); }, msg);
   }
 
+  bool IsHead(const std::string& key) const {
+    for (const auto& p : member_->Peers())
+      if (p.public_key == key) return (p.hello.capabilities & wire::kCapHead) != 0;
+    return false;
+  }
+  // Before a line on this device's log: the room's text in progress ends its line first.
+  void BreakTextLine() { view_.BreakLine(); }
+
   void On(wire::Peers& p) {
     // RoomMember applied the list: only the room's members may reach this inbox now.
-    if (!joined_)
+    if (!joined_) {
+      BreakTextLine();
       std::fprintf(stderr, "node %s: in room '%s' with %zu device(s)\n", name_.c_str(), p.room.c_str(), p.peers.size());
+    }
     joined_ = true;
     bool head_here = head_id_.empty();
     for (const auto& peer : p.peers) head_here = head_here || peer.hello.device_id == head_id_;
@@ -172,6 +188,7 @@ class Node {
   void ForgetHeadIfGone() {
     if (!head_missing_since_ || Clock::now() - *head_missing_since_ < std::chrono::seconds(3)) return;
     head_missing_since_.reset();
+    BreakTextLine();
     std::fprintf(stderr, "node %s: the head left; keeping my layers for the next turn\n", name_.c_str());
     busy_head_.clear();
     head_id_.clear();
@@ -197,6 +214,7 @@ class Node {
         std::exchange(head_key_, member_->KeyOf(head_id_));  // Handle checked the sender holds it
     Status st = Assign(a);
     if (!st.ok()) {
+      BreakTextLine();
       std::fprintf(stderr, "node %s: assignment refused: %s\n", name_.c_str(), Redact(st.message()).c_str());
       (void)member_->Send(
           a.stages[0].address,
@@ -214,7 +232,10 @@ class Node {
       if (auto k = member_->KeyOf(st.device_id); !k.empty()) member_->endpoint().SetPeerKey(st.address, k);
     Status sent = member_->Send(
         head_address_, wire::Message(wire::Ready{a.your_stage, slice_.weights->Bytes(), kept_, PeakRssBytes()}), 2000);
-    if (!sent.ok()) LogWarning("node " + name_ + ": could not tell the head it is ready: " + sent.message());
+    if (!sent.ok()) {
+      BreakTextLine();
+      LogWarning("node " + name_ + ": could not tell the head it is ready: " + sent.message());
+    }
   }
 
   // The assignment's cache: the conversation's slot, its first `keep` positions kept only
@@ -260,8 +281,6 @@ class Node {
       return InvalidArgument("the assignment's stage " + std::to_string(a.your_stage) + " is not this device");
     const bool same_model = slice_.info && slice_.model_id == a.model_id && slice_.revision == a.revision;
     if (!same_model) {
-      stream_.reset();  // it refers to the tokenizer about to go
-      printed_seq_ = -1;
       slice_ = Slice{};
       slots_.clear();
       kv_ = nullptr;
@@ -281,8 +300,6 @@ class Node {
       slice_.revision = a.revision;
       slice_.spec_hash = SpecHash(slice_.info->spec);
       slice_.model_hash = ModelHashOf(*slice_.source, slice_.info->index);
-      auto tok = Tokenizer::Load(*slice_.source);
-      if (tok.ok()) slice_.tokenizer.emplace(std::move(*tok));
     }
     const ModelSpec& spec = slice_.info->spec;
     DAISY_RETURN_IF_ERROR(ValidateAssignment(plan, spec.n_layers, a.stages[0].device_id));
@@ -305,6 +322,7 @@ class Node {
                                  a.model_id + " at context " + std::to_string(a.ctx) + " need " + FormatBytes(need) +
                                  " (int8 weights, KV cache and working memory) but this device's memory budget is " +
                                  FormatBytes(member_->hello().free_memory) + ": refused before any download");
+      BreakTextLine();
       std::fprintf(stderr, "node %s: fetching layers [%d, %d) of %s\n", name_.c_str(), me.first, me.end,
                    a.model_id.c_str());
       auto started = Clock::now();
@@ -330,6 +348,7 @@ class Node {
       slice_.weights = std::make_unique<StageWeights>(std::move(w));
       slice_.first = me.first;
       slice_.end = me.end;
+      BreakTextLine();
       std::fprintf(stderr, "node %s: holding layers [%d, %d): %.2f MB resident\n", name_.c_str(), me.first, me.end,
                    static_cast<double>(slice_.weights->Bytes()) / 1e6);
     }
@@ -358,6 +377,7 @@ class Node {
 
   void On(wire::Activation& a) {
     auto refuse = [&](const std::string& why, wire::ErrorKind code = wire::ErrorKind::kHop) {
+      BreakTextLine();
       LogWarning("node " + name_ + ": refused a hop: " + why);
       if (!head_address_.empty())
         (void)member_->Send(head_address_, wire::Message(wire::ErrorMsg{code, name_ + " refused a hop: " + why}), 300);
@@ -371,6 +391,7 @@ class Node {
     if (a.seq != seq_ || !kv_) {
       // A late hop of an earlier turn (a stage that was stopped and resumed, a replayed
       // turn): not this turn's business, so the head of this turn is not told.
+      BreakTextLine();
       LogInfo("node " + name_ + ": dropped a hop of turn " + std::to_string(a.seq) + ", not of the turn assigned");
       return;
     }
@@ -426,20 +447,17 @@ class Node {
     if (!sent.ok()) refuse("could not pass the activation on: " + sent.message(), wire::ErrorKind::kNextUnreachable);
   }
 
-  void On(wire::Token& t) {
-    if (!o_.print_tokens) return;
-    if (t.seq != printed_seq_) {
-      printed_seq_ = t.seq;
-      stream_.reset();
-      if (slice_.tokenizer) stream_ = std::make_unique<TextStream>(*slice_.tokenizer, std::vector<int32_t>{});
-    }
-    if (stream_) {
-      const std::string piece = stream_->Add(t.token_id);
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-    } else {
-      std::fprintf(stdout, "%d ", t.token_id);
-    }
-    std::fflush(stdout);
+  // Token ids (protocol 5 and before); the text comes as wire::Text now.
+  void On(wire::Token&) {}
+  void On(wire::Text& t) {
+    std::string head_id, head_name = "a head";
+    for (const auto& p : member_->Peers())
+      if (p.public_key == last_sender_) {
+        head_id = p.hello.device_id;
+        head_name = p.hello.name;
+      }
+    if (o_.on_text) o_.on_text(head_id, head_name, t);
+    if (o_.print_tokens) view_.On(last_sender_, "head '" + head_name + "' (" + net::Fingerprint(last_sender_) + ")", t);
   }
 
   void On(wire::Done& d) {
@@ -456,13 +474,11 @@ class Node {
                             wire::Message(wire::StageStats{d.seq, stage_, hops_, compute_seconds_, PeakRssBytes()}),
                             500);
     }
-    if (o_.print_tokens && d.seq == printed_seq_) {
-      if (stream_) std::fputs(stream_->Finish().c_str(), stdout);
-      std::fputs("\n", stdout);
-    }
-    std::fflush(stdout);
   }
-  void On(wire::ErrorMsg& e) { LogWarning("node " + name_ + ": the head says: " + e.message); }
+  void On(wire::ErrorMsg& e) {
+    BreakTextLine();
+    LogWarning("node " + name_ + ": the head says: " + e.message);
+  }
   void On(wire::Bye&) {}
   void On(wire::Heartbeat&) {}
   void On(wire::Hello&) {}
@@ -523,8 +539,12 @@ class Node {
   std::map<int32_t, wire::HopReceipt> receipts_;  // upstream's receipts, by first position
   std::vector<float> inputs_;                     // the turn's hop inputs, rows from position inputs_from_
   int32_t inputs_from_ = 0;
-  int32_t printed_seq_ = -1;
-  std::unique_ptr<TextStream> stream_;  // the token stream of the current turn, as text
+  std::string last_sender_;  // the key that sent the frame being handled
+  // The room's turns on this device's terminal (stdout).
+  node::TextView view_{[](std::string_view bytes) {
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    std::fflush(stdout);
+  }};
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "admin_api.h"
 
 #include "daisy/head.h"
+#include "daisy/hub.h"
+#include "daisy/log.h"
 #include "daisy/net.h"
 #include "http_common.h"
 #include "model_extras.h"
@@ -9,12 +11,41 @@
 namespace daisy::srv {
 
 AdminApi::AdminApi(net::Rendezvous* rendezvous, HeadSession& session, TurnRunner& runner, ModelExtras& extras,
-                   std::function<void()> on_change)
-    : rendezvous_(rendezvous), session_(session), runner_(runner), extras_(extras), on_change_(std::move(on_change)) {}
+                   std::shared_ptr<RuntimeToken> token, std::function<void()> on_change)
+    : rendezvous_(rendezvous),
+      session_(session),
+      runner_(runner),
+      extras_(extras),
+      token_(std::move(token)),
+      on_change_(std::move(on_change)) {}
 
 void AdminApi::AddRoutes(GuardedHttpServer& http) {
   http.Post("/api/approve", [this](const httplib::Request& req, httplib::Response& res) { HandleApprove(req, res); });
   http.Post("/api/load", [this](const httplib::Request& req, httplib::Response& res) { HandleLoad(req, res); });
+  // The token itself never comes back: only whether one is held.
+  http.Get("/api/hub-token", [this](const httplib::Request&, httplib::Response& res) {
+    SendJson(res, Json{{"set", token_ && token_->has()}});
+  });
+  http.Post("/api/hub-token",
+            [this](const httplib::Request& req, httplib::Response& res) { HandleSetToken(req, res); });
+  http.Post("/api/hub-token/forget", [this](const httplib::Request&, httplib::Response& res) {
+    if (token_) token_->Forget();
+    LogInfo("serve: the Hub token given in the web UI was forgotten");
+    SendJson(res, Json{{"set", false}});
+  });
+}
+
+void AdminApi::HandleSetToken(const httplib::Request& req, httplib::Response& res) {
+  if (!token_) return SendError(res, FromStatus(Unavailable("this server takes no Hub token from the web UI")));
+  Json j = Json::parse(req.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("token") || !j["token"].is_string())
+    return SendError(res, BadRequest("the body must be {\"token\": \"hf_...\"}", "token"));
+  // Held in this process's memory only: not written, not logged, not sent to any device
+  // (each device fetches its own layers with its own credentials).
+  Status st = token_->Set(j["token"].get<std::string>());
+  if (!st.ok()) return SendError(res, FromStatus(st, "token"));
+  LogInfo("serve: a Hub token was given in the web UI (held in memory only)");
+  SendJson(res, Json{{"set", true}});
 }
 
 void AdminApi::HandleApprove(const httplib::Request& req, httplib::Response& res) {
@@ -51,7 +82,18 @@ void AdminApi::HandleLoad(const httplib::Request& req, httplib::Response& res) {
     stages = static_cast<int>(j["stages"].get<int64_t>());
   }
   auto m = runner_.Load(j["model"].get<std::string>(), ctx);
-  if (!m.ok()) return SendError(res, FromStatus(m.status(), "model"));
+  if (!m.ok()) {
+    ApiError e = FromStatus(m.status(), "model");
+    // The Hub refused for want of a token (401), or the token has no access (403): the UI
+    // asks for one and loads again.
+    const ErrorCode c = m.status().code();
+    if ((c == ErrorCode::kUnauthenticated || c == ErrorCode::kPermissionDenied) &&
+        ParseHubRef(j["model"].get<std::string>()).ok()) {
+      e.code = "hub_token_required";
+      e.message = "this model needs a Hugging Face token: " + m.status().message();
+    }
+    return SendError(res, e);
+  }
   runner_.set_default_stages(stages);
   Json plan = PlanJson(session_.PreviewPlan(runner_.DefaultStages()));
   on_change_();

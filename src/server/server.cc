@@ -75,7 +75,8 @@ struct Server::Impl {
         state(options, runner, extras, hub),
         front(PolicyOf(options), options.source_of),
         ui(hub, state, runner, extras, options.source_of),
-        admin(options.rendezvous, *options.session, runner, extras, [this] { state.Poke(); }),
+        admin(options.rendezvous, *options.session, runner, extras, options.hub.runtime_token,
+              [this] { state.Poke(); }),
         openai(*options.session, runner, extras) {}
 
   const ServerOptions options;
@@ -118,6 +119,15 @@ Status Server::Load(const std::string& source, int ctx) {
   auto m = impl_->runner.Load(source, ctx);
   impl_->state.Poke();
   return m.ok() ? Status() : m.status();
+}
+
+void Server::ShowRoomText(const RoomText& t) {
+  impl_->hub.Broadcast(srv::SseEvent("room_text", srv::Json{{"head_id", t.head_id},
+                                                            {"head", t.head_name},
+                                                            {"stream", t.stream},
+                                                            {"kind", t.kind},
+                                                            {"index", t.index},
+                                                            {"text", t.text}}));
 }
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {

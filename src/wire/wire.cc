@@ -285,6 +285,7 @@ static_assert(kTag<HopDigest> == -33);
 static_assert(kTag<AuditRequest> == -34);
 static_assert(kTag<AuditData> == -35);
 static_assert(kTag<HopReceipt> == -36);
+static_assert(kTag<Text> == -37);
 
 template <size_t... I>
 constexpr bool TagsAreUnique(std::index_sequence<I...>) {
@@ -302,6 +303,9 @@ static_assert(static_cast<uint16_t>(ErrorKind::kProtocol) == 1 && static_cast<ui
               static_cast<uint16_t>(ErrorKind::kAssignment) == 3 && static_cast<uint16_t>(ErrorKind::kHop) == 4 &&
               static_cast<uint16_t>(ErrorKind::kBusy) == 5 && static_cast<uint16_t>(ErrorKind::kAudit) == 6 &&
               static_cast<uint16_t>(ErrorKind::kNextUnreachable) == 7);
+static_assert(static_cast<uint8_t>(TextKind::kBegin) == 0 && static_cast<uint8_t>(TextKind::kPiece) == 1 &&
+              static_cast<uint8_t>(TextKind::kRetract) == 2 && static_cast<uint8_t>(TextKind::kEnd) == 3 &&
+              static_cast<uint8_t>(TextKind::kFailed) == 4);
 static_assert(static_cast<uint8_t>(FinishReason::kStop) == 0 && static_cast<uint8_t>(FinishReason::kLength) == 1 &&
               static_cast<uint8_t>(FinishReason::kCancelled) == 2 && static_cast<uint8_t>(FinishReason::kError) == 3);
 
@@ -408,6 +412,17 @@ void Fields(V& v, Is<Token> auto& m) {
   v.I32(m.position, "position");
   v.I32(m.token_id, "token_id");
   v.Check(m.position >= 0 && m.token_id >= 0, "negative position or token id");
+}
+
+template <class V>
+void Fields(V& v, Is<Text> auto& m) {
+  v.U32(m.stream, "stream");
+  v.Enum(m.kind, "kind", TextKind::kBegin, TextKind::kFailed);
+  v.I32(m.index, "index");
+  v.I32(m.token_id, "token_id");
+  v.Str(m.text, "text", kMaxTextPiece);
+  v.Check(m.index >= 0 && m.token_id >= -1, "negative index or token id");
+  v.Check(m.kind == TextKind::kPiece || m.token_id == -1, "a token id outside a piece");
 }
 
 template <class V>
@@ -567,6 +582,8 @@ std::string_view TagName(int32_t tag) {
       return "audit_data";
     case Tag::kHopReceipt:
       return "hop_receipt";
+    case Tag::kText:
+      return "text";
   }
   return "unknown";
 }
