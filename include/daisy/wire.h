@@ -39,7 +39,8 @@ enum class Tag : int32_t {
 };
 
 // 6: the token stream as text to every device of the room (text), instead of token ids
-// to the turn's stages. 5: peak RSS in ready and stage_stats; the forward's numerics changed (two-term P,
+// to the turn's stages; a narrow model's arithmetic changed (two-term weights, queries and
+// values, model.h NarrowModel). 5: peak RSS in ready and stage_stats; the forward's numerics changed (two-term P,
 // two-term narrow activations): members of different arithmetic would disagree on every
 // activation, so they must not share a ring. 4: BLAKE2b audit digests, hop receipts.
 inline constexpr uint16_t kProtocolVersion = 6;
