@@ -321,7 +321,7 @@ struct PortMuxOptions {
   // 127.0.0.1:relay_port takes a SOCKS5 CONNECT to kRelayHost (a relayed member's link to the
   // relay); 0: SOCKS5 is refused like any unknown protocol.
   int relay_port = 0;
-  int max_connections = 256;       // connections beyond this are closed at once
+  int max_connections = 256;  // connections beyond this are closed at once
   // From one client address: one host cannot take every slot (a browser opens about 6
   // connections, a device 1-2; 64 leaves room for a few dozen behind one NAT).
   int max_connections_per_source = 64;

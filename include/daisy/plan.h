@@ -20,7 +20,7 @@ struct DeviceReport {
   uint64_t free_memory = 0;  // the device's memory budget (--max-memory, else MemAvailable), bytes
   uint64_t probe_hash = 0;   // kernels::ProbeHash(); must equal the head's
   std::string backend;
-  std::string address;  // its inbox ("tcp://host:port"), carried into the plan
+  std::string address;   // its inbox ("tcp://host:port"), carried into the plan
   bool relayed = false;  // accepts no connections: its hops go through serve's relay
 };
 

@@ -111,14 +111,15 @@ class RoomMember {
     std::string server_key;  // --server-key FPR (see JoinOptions)
     std::optional<net::Admission> admission;
     std::string bind_host = "127.0.0.1";
-    int port = 0;               // the inbox's port (0: any free port)
-    std::string advertise;      // "HOST:PORT" peers are told to send to ("": the inbox's own)
+    int port = 0;           // the inbox's port (0: any free port)
+    std::string advertise;  // "HOST:PORT" peers are told to send to ("": the inbox's own)
     // Accepts no connections (node --no-listen): no inbox is bound; after admission one
     // outbound link to serve's relay carries every frame to and from the room, each boxed
     // end to end (net::PeerBoxes). Its address is relay://ID.
     bool no_listen = false;
-    uint32_t capabilities = 0;  // wire::kCap*
-    uint64_t budget = 0;        // memory budget for the hello
+    double relay_connect_s = 10;  // the relay link must be up this soon after admission
+    uint32_t capabilities = 0;    // wire::kCap*
+    uint64_t budget = 0;          // memory budget for the hello
     const std::atomic<bool>* stop = nullptr;
     double unreachable_timeout_s = 0;
   };

@@ -289,9 +289,9 @@ inline constexpr size_t kMaxPeers = 256;
 // `from`; `box` is ciphertext and its MAC.
 struct Relay {
   static constexpr Tag kTag = Tag::kRelay;
-  std::string to;        // the recipient's device id
-  std::string from;      // the sender's device id (the relay checks it against the sender's key)
-  uint64_t counter = 0;  // the nonce's counter: strictly increasing per sender and recipient
+  std::string to;            // the recipient's device id
+  std::string from;          // the sender's device id (the relay checks it against the sender's key)
+  uint64_t counter = 0;      // the nonce's counter: strictly increasing per sender and recipient
   std::vector<uint8_t> box;  // crypto_box_easy of the inner frame (MAC first, >= 16 bytes)
   bool operator==(const Relay&) const = default;
 };

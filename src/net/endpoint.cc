@@ -242,9 +242,14 @@ Endpoint::~Endpoint() {
   // The last frames (done, bye) may still sit in ZeroMQ's queues. Closing a socket with a
   // linger lets the I/O thread hand them to the kernel, which delivers them after the
   // process is gone; the short pause gives that thread the moment it needs.
-  const bool sent_any = !impl_->outboxes.empty();
+  const bool sent_any = !impl_->outboxes.empty() || impl_->relay.has_value();
   for (auto& [addr, o] : impl_->outboxes) zmq_socket_monitor(o.socket.handle(), nullptr, 0);
   impl_->outboxes.clear();
+  // libzmq 4.3.4 aborts ("Bad file descriptor (src/epoll.cpp:113)") when a socket whose last
+  // SOCKS connect failed is closed: its connecter removes a descriptor it already closed. So
+  // the relay link is left open, to the process's end (like the context), never closed; its
+  // I/O thread still hands over the last frames meanwhile.
+  if (impl_->relay) new zmq::socket_t(std::move(*impl_->relay));
   if (sent_any) std::this_thread::sleep_for(std::chrono::milliseconds(30));
 }
 

@@ -311,16 +311,16 @@ Result<std::unique_ptr<Rendezvous>> Rendezvous::Start(const RendezvousOptions& o
   impl->address = impl->endpoint->address();
   Impl* raw = impl.get();
   if (options.relay) {
-    DAISY_ASSIGN_OR_RETURN(
-        impl->relay,
-        RelayCore::Start(
-            impl->options.keys, [raw](const std::string& from, const std::string& to) { return raw->Resolve(from, to); },
-            [raw](const std::string& device_id) {
-              std::lock_guard<std::mutex> lock(raw->mu);
-              auto it = raw->members.find(device_id);
-              if (it != raw->members.end()) raw->MarkDirty(it->second.info.room);
-            },
-            options.relay_observer));
+    DAISY_ASSIGN_OR_RETURN(impl->relay,
+                           RelayCore::Start(
+                               impl->options.keys,
+                               [raw](const std::string& from, const std::string& to) { return raw->Resolve(from, to); },
+                               [raw](const std::string& device_id) {
+                                 std::lock_guard<std::mutex> lock(raw->mu);
+                                 auto it = raw->members.find(device_id);
+                                 if (it != raw->members.end()) raw->MarkDirty(it->second.info.room);
+                               },
+                               options.relay_observer));
   }
   impl->thread = std::thread([raw] { raw->Loop(); });
   return std::unique_ptr<Rendezvous>(new Rendezvous(std::move(impl)));

@@ -9,7 +9,6 @@
 namespace daisy {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kRelayConnectMs = 10000;  // a relayed member's first link to serve's relay
 
 Result<std::unique_ptr<RoomMember>> RoomMember::Create(const Options& options) {
   std::unique_ptr<RoomMember> m(new RoomMember());
@@ -66,11 +65,12 @@ Status RoomMember::Admit() {
     // The first frame waits for the link (ZMQ_IMMEDIATE): a serve without a relay, or one
     // that does not admit this key, never completes it.
     last_attach_ = Clock::now();
-    Status up = ep_->SendRelay(wire::Encode(wire::Message(wire::Heartbeat{0, id()})), kRelayConnectMs);
+    const int wait_ms = static_cast<int>(o_.relay_connect_s * 1000);
+    Status up = ep_->SendRelay(wire::Encode(wire::Message(wire::Heartbeat{0, id()})), wait_ms);
     if (!up.ok())
       return Unavailable("--no-listen: serve at " + o_.rendezvous.substr(6) + " admitted this device but its relay " +
-                         "did not take the connection within " + std::to_string(kRelayConnectMs / 1000) +
-                         " s (a serve without a relay, or one in front that blocks it): " + up.message());
+                         "did not take the connection within " + std::to_string(wait_ms / 1000) +
+                         " s (a serve without a relay, or something in front of it that blocks the relay)");
   }
   return StartPulse();
 }

@@ -518,7 +518,8 @@ void Fields(V& v, Is<Join> auto& m) {
   v.Str(m.room, "room", 64);
   v.Str(m.address, "address", 256);
   Fields(v, m.hello);
-  v.Check([&] { return SafeAddress(m.address); }, [&] { return "address '" + m.address + "' is not tcp://host:port or relay://ID"; });
+  v.Check([&] { return SafeAddress(m.address); },
+          [&] { return "address '" + m.address + "' is not tcp://host:port or relay://ID"; });
 }
 
 template <class V>
@@ -543,7 +544,8 @@ void Fields(V& v, Is<Relay> auto& m) {
   v.Str(m.from, "from", 16);
   v.U64(m.counter, "counter");
   v.Tail(m.box, "box", kBoxMacBytes);
-  v.Check([&] { return DeviceIdShape(m.to) && DeviceIdShape(m.from); }, "to and from must be device ids (16 hex digits)");
+  v.Check([&] { return DeviceIdShape(m.to) && DeviceIdShape(m.from); },
+          "to and from must be device ids (16 hex digits)");
   v.Check(m.to != m.from, "to and from are the same device");
 }
 
