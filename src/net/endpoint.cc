@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <set>
 #include <thread>
@@ -249,7 +250,7 @@ Endpoint::~Endpoint() {
   // SOCKS connect failed is closed: its connecter removes a descriptor it already closed. So
   // the relay link is left open, to the process's end (like the context), never closed; its
   // I/O thread still hands over the last frames meanwhile.
-  if (impl_->relay) new zmq::socket_t(std::move(*impl_->relay));
+  if (impl_->relay) (void)new (std::nothrow) zmq::socket_t(std::move(*impl_->relay));
   if (sent_any) std::this_thread::sleep_for(std::chrono::milliseconds(30));
 }
 
