@@ -638,6 +638,29 @@ TEST_F(RingTest, NodesRejoinARestartedServeAndTheNextRunSucceeds) {
   EXPECT_NE(node_log.find("lost the rendezvous"), std::string::npos) << node_log;
 }
 
+// The same with a relayed node: its link to the relay, refused by the restarted serve until
+// the node is admitted again, is made anew, and the next run goes through the relay.
+TEST_F(RingTest, ARelayedNodeRejoinsARestartedServeThroughTheRelay) {
+  StartServe(/*compute=*/false);
+  StartNodes(1, {}, {"--no-listen"});
+  StartNodes(1);
+  WaitForJoined(2);
+  serve_.Stop(SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  StartServe(/*compute=*/false);
+  WaitForJoined(2, 40);
+  const std::string tiny = (models_ / "tiny30").string();
+  auto [rc, j] = Run({"--model", tiny, "--prompt", "Once upon a time", "-n", "20", "--stages", "3"});
+  ASSERT_EQ(rc, 0) << last_run_log_;
+  ASSERT_EQ(j["plan"].size(), 3u);
+  int relayed = 0;
+  for (const auto& s : j["plan"]) relayed += s["relayed"].get<bool>() ? 1 : 0;
+  EXPECT_EQ(relayed, 1) << j["plan"].dump();
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), GenerateIds(tiny, "Once upon a time", 20));
+  const std::string node_log = e2e::ReadAll((tmp_ / "node-1.log").string());
+  EXPECT_NE(node_log.find("lost the rendezvous"), std::string::npos) << node_log;
+}
+
 // `daisychain id`: the key pair is made on first use with mode 0600 and kept; the same
 // fingerprint every time, another for another DAISY_HOME or role.
 TEST(IdCommand, PrintsTheSameFingerprintFromAKeyFileOnlyTheUserCanRead) {

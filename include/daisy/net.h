@@ -105,7 +105,8 @@ class Endpoint {
   // serve's relay (`serve`: "tcp://HOST:PORT" of serve's one port, reached as a SOCKS5
   // CONNECT to kRelayHost, which PortMux answers), a CURVE client that proves this key and
   // checks `relay_key` (the rendezvous's). Receive/ReceiveFrame then read the frames the
-  // relay hands down, with sender_key = relay_key; SendRelay sends up.
+  // relay hands down, with sender_key = relay_key; SendRelay sends up. Called again, it
+  // replaces the link (after a restarted serve refused it in the handshake).
   Status ConnectRelay(const std::string& serve, const std::string& relay_key);
   Status SendRelay(std::span<const uint8_t> frame, int timeout_ms);
   bool relayed() const;

@@ -172,8 +172,11 @@ class RoomMember {
   RoomMember() = default;
   JoinOptions Join() const;
   Status StartPulse();
-  // A relayed member's link says who it is on connecting and every second after.
-  void AttachToRelay(bool now);
+  // A relayed member's link says who it is every second (Admit said it first), so a
+  // reconnected link is known again.
+  void AttachToRelay();
+  // A relayed member's link to serve's relay, up within relay_connect_s (a clear error if not).
+  Status ConnectRelay();
   // The inner frame of an envelope from the relay, with its true sender's key; nullopt when
   // dropped (a sender not in the room, a box that does not open, a replay).
   std::optional<std::pair<std::string, std::vector<uint8_t>>> Unbox(const wire::Relay& envelope);

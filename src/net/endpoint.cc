@@ -112,6 +112,17 @@ void ZapDomain::SetAllowed(const std::vector<std::string>& public_keys) {
     if (IsPublicKey(k)) list_->keys.insert(k);
 }
 
+// libzmq 4.3.4 aborts ("Bad file descriptor (src/epoll.cpp:113)") when a socket whose last
+// SOCKS connect failed is closed: its connecter removes a descriptor it already closed. So a
+// relay link is never closed but left open to the process's end (like the context); its I/O
+// thread still hands over the last frames meanwhile.
+namespace {
+void KeepOpen(std::optional<zmq::socket_t>& socket) {
+  if (socket) (void)new (std::nothrow) zmq::socket_t(std::move(*socket));
+  socket.reset();
+}
+}  // namespace
+
 zmq::context_t& Context() {
   // Lives for the process, with its ZAP handler bound before any socket can handshake (a
   // context without one would admit every key).
@@ -246,11 +257,7 @@ Endpoint::~Endpoint() {
   const bool sent_any = !impl_->outboxes.empty() || impl_->relay.has_value();
   for (auto& [addr, o] : impl_->outboxes) zmq_socket_monitor(o.socket.handle(), nullptr, 0);
   impl_->outboxes.clear();
-  // libzmq 4.3.4 aborts ("Bad file descriptor (src/epoll.cpp:113)") when a socket whose last
-  // SOCKS connect failed is closed: its connecter removes a descriptor it already closed. So
-  // the relay link is left open, to the process's end (like the context), never closed; its
-  // I/O thread still hands over the last frames meanwhile.
-  if (impl_->relay) (void)new (std::nothrow) zmq::socket_t(std::move(*impl_->relay));
+  KeepOpen(impl_->relay);
   if (sent_any) std::this_thread::sleep_for(std::chrono::milliseconds(30));
 }
 
@@ -423,6 +430,7 @@ void Endpoint::KeepOnly(const std::vector<std::string>& public_keys) {
 Status Endpoint::ConnectRelay(const std::string& serve, const std::string& relay_key) {
   if (!serve.starts_with("tcp://")) return InvalidArgument("Bug: ConnectRelay wants tcp://HOST:PORT, got " + serve);
   if (!IsPublicKey(relay_key)) return InvalidArgument("Bug: ConnectRelay without the relay's key");
+  KeepOpen(impl_->relay);  // a link refused in its handshake is never retried by ZeroMQ: a new one
   try {
     zmq::socket_t s(Context(), zmq::socket_type::dealer);
     s.set(zmq::sockopt::linger, 200);

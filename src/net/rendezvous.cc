@@ -78,7 +78,7 @@ struct Rendezvous::Impl {
     if (relay) relay->SetAllowed(keys);
   }
 
-  // Under mu: the member `to_id`, when it and the member with key `from_key` share a room.
+  // The member `to_id`, when it and the member with key `from_key` share a room (takes mu).
   std::optional<RelayCore::Target> Resolve(const std::string& from_key, const std::string& to_id) {
     std::lock_guard<std::mutex> lock(mu);
     auto from = members.find(KeyId(from_key));

@@ -60,24 +60,27 @@ Status RoomMember::Admit() {
   server_key_ = std::move(key);
   ep_->SetPeerKey(o_.rendezvous, server_key_);
   ep_->Allow(server_key_);
-  if (o_.no_listen) {
-    DAISY_RETURN_IF_ERROR(ep_->ConnectRelay(o_.rendezvous, server_key_));
-    // The first frame waits for the link (ZMQ_IMMEDIATE): a serve without a relay, or one
-    // that does not admit this key, never completes it.
-    last_attach_ = Clock::now();
-    const int wait_ms = static_cast<int>(o_.relay_connect_s * 1000);
-    Status up = ep_->SendRelay(wire::Encode(wire::Message(wire::Heartbeat{0, id()})), wait_ms);
-    if (!up.ok())
-      return Unavailable("--no-listen: serve at " + o_.rendezvous.substr(6) + " admitted this device but its relay " +
-                         "did not take the connection within " + std::to_string(wait_ms / 1000) +
-                         " s (a serve without a relay, or something in front of it that blocks the relay)");
-  }
+  if (o_.no_listen) DAISY_RETURN_IF_ERROR(ConnectRelay());
   return StartPulse();
 }
 
-void RoomMember::AttachToRelay(bool now) {
+Status RoomMember::ConnectRelay() {
+  DAISY_RETURN_IF_ERROR(ep_->ConnectRelay(o_.rendezvous, server_key_));
+  // The first frame waits for the link (ZMQ_IMMEDIATE): a serve without a relay, or one that
+  // does not admit this key, never completes it.
+  last_attach_ = Clock::now();
+  const int wait_ms = static_cast<int>(o_.relay_connect_s * 1000);
+  Status up = ep_->SendRelay(wire::Encode(wire::Message(wire::Heartbeat{0, id()})), wait_ms);
+  if (!up.ok())
+    return Unavailable("--no-listen: serve at " + o_.rendezvous.substr(6) + " admitted this device but its relay " +
+                       "did not take the connection within " + std::to_string(wait_ms / 1000) +
+                       " s (a serve without a relay, or something in front of it that blocks the relay)");
+  return Status::Ok();
+}
+
+void RoomMember::AttachToRelay() {
   if (!ep_->relayed()) return;
-  if (!now && Clock::now() - last_attach_ < std::chrono::seconds(1)) return;
+  if (Clock::now() - last_attach_ < std::chrono::seconds(1)) return;
   last_attach_ = Clock::now();
   (void)ep_->SendRelay(wire::Encode(wire::Message(wire::Heartbeat{0, id()})), 200);
 }
@@ -96,7 +99,7 @@ Status RoomMember::Send(const std::string& address, const wire::Message& message
   DAISY_ASSIGN_OR_RETURN(wire::Relay envelope, boxes_->Seal(key, wire::Encode(message)));
   const std::vector<uint8_t> frame = wire::Encode(wire::Message(std::move(envelope)));
   if (o_.no_listen) {
-    AttachToRelay(false);
+    AttachToRelay();
     return ep_->SendRelay(frame, timeout_ms);
   }
   return ep_->Send(o_.rendezvous, frame, timeout_ms);  // the rendezvous hands it to its relay
@@ -137,6 +140,8 @@ Status RoomMember::Readmit() {
   DAISY_ASSIGN_OR_RETURN(std::string again, AwaitAdmission(Join(), keys_));
   if (again != server_key_)
     return FailedPrecondition("the rendezvous at " + o_.rendezvous + " came back with another key");
+  // A relay link refused while serve did not know this key yet is never retried: a new one.
+  if (o_.no_listen) DAISY_RETURN_IF_ERROR(ConnectRelay());
   // Give the pulse a few beats to get through before judging it again.
   for (int i = 0; i < 30 && pulse_ && pulse_->SilentFor() > 1.5 && !(o_.stop && o_.stop->load()); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -155,7 +160,7 @@ void RoomMember::Leave() {
 
 Result<std::optional<Incoming>> RoomMember::Receive(int timeout_ms, int hidden,
                                                     const std::function<bool(const std::string&)>& expects) {
-  AttachToRelay(false);
+  AttachToRelay();
   DAISY_ASSIGN_OR_RETURN(auto frame, ep_->ReceiveFrame(timeout_ms));
   if (!frame) return std::optional<Incoming>();
   std::string sender = std::move(frame->sender_key);
