@@ -12,6 +12,8 @@
 
 namespace daisy::net {
 
+static_assert(wire::kBoxMacBytes == crypto_box_MACBYTES, "the wire's least box is libsodium's MAC");
+
 namespace {
 
 bool DecodeKey(const std::string& z85, uint8_t out[32]) {
