@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "daisy/wire.h"
 
@@ -34,24 +35,26 @@ int main(int argc, char** argv) {
   act.model_hash = 7;
   act.values = {0.5f, -1.25f, 3.0f, 0.0f};
   act.act_hash = ActHash(act.values);
-  const Message all[] = {h,
-                         a,
-                         Ready{1, 100, 3},
-                         act,
-                         Token{3, 5, 42},
-                         Done{3, FinishReason::kStop, 9, 11},
-                         Heartbeat{1000, "device-1"},
-                         ErrorMsg{ErrorKind::kBusy, "busy"},
-                         Bye{"device-1"},
-                         Join{"room", "tcp://127.0.0.1:5001", h},
-                         Peers{"room", {Peer{"tcp://127.0.0.1:5001", h, "rq:^%7Gl8#i&GJdRjdR?VTnxbD*3A0g/VQxcqKx5"}}},
-                         Progress{3, 1, 10, 20},
-                         StageStats{3, 1, 4, 0.25},
-                         HopDigest{3, 2, 4, 1, {}, {}, true, HopReceipt{3, 1, 4, 1, {}, {}}},
-                         HopReceipt{3, 1, 4, 1, {}, {}},
-                         AuditRequest{3, 0, 5},
-                         AuditData{3, 1, 0, {1.0f, 2.0f, 3.0f, 4.0f}},
-                         Text{3, TextKind::kPiece, 0, 42, " once"}};
+  const Message all[] = {
+      h,
+      a,
+      Ready{1, 100, 3},
+      act,
+      Token{3, 5, 42},
+      Done{3, FinishReason::kStop, 9, 11},
+      Heartbeat{1000, "device-1"},
+      ErrorMsg{ErrorKind::kBusy, "busy"},
+      Bye{"device-1"},
+      Join{"room", "tcp://127.0.0.1:5001", h},
+      Peers{"room", {Peer{"tcp://127.0.0.1:5001", h, "rq:^%7Gl8#i&GJdRjdR?VTnxbD*3A0g/VQxcqKx5"}}},
+      Progress{3, 1, 10, 20},
+      StageStats{3, 1, 4, 0.25},
+      HopDigest{3, 2, 4, 1, {}, {}, true, HopReceipt{3, 1, 4, 1, {}, {}}},
+      HopReceipt{3, 1, 4, 1, {}, {}},
+      AuditRequest{3, 0, 5},
+      AuditData{3, 1, 0, {1.0f, 2.0f, 3.0f, 4.0f}},
+      Text{3, TextKind::kPiece, 0, 42, " once"},
+      Relay{"0123456789abcdef", "fedcba9876543210", 0x1122334455667788ull, std::vector<uint8_t>(20, 7)}};
   int i = 0;
   for (const auto& m : all) {
     auto bytes = Encode(m);

@@ -99,7 +99,7 @@ class RingTest : public ::testing::Test {
   }
   // Nodes given fault variables (DAISY_TEST_*) run the test-only daisychain_faulty: the
   // product ignores them.
-  void StartNodes(int n, const std::vector<std::string>& env = {}) {
+  void StartNodes(int n, const std::vector<std::string>& env = {}, const std::vector<std::string>& node_args = {}) {
     bool faulty = false;
     for (const auto& x : env) faulty = faulty || x.starts_with("DAISY_TEST_");
     for (int i = 0; i < n; ++i) {
@@ -109,6 +109,7 @@ class RingTest : public ::testing::Test {
       std::vector<std::string> args = {
           faulty ? e2e::FaultyBin() : e2e::Bin(), "node", "--join", Join(), "--name", name};
       for (const auto& a : ModelsDirArgs()) args.push_back(a);
+      for (const auto& a : node_args) args.push_back(a);
       procs_.push_back(Proc::Spawn(args, e, (tmp_ / (name + ".log")).string()));
     }
   }
@@ -297,6 +298,30 @@ int NodeByRank(const fs::path& tmp, int n, int rank) {
   return NodeIndexOf(ids, sorted[static_cast<size_t>(rank)]);
 }
 
+// TCP sockets in the listening state that process `pid` holds (its /proc/PID/fd socket
+// inodes among /proc/net/tcp and tcp6 entries in state 0A, LISTEN).
+int ListeningSockets(pid_t pid) {
+  std::set<std::string> inodes;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    const std::string target = fs::read_symlink(e.path(), ec).string();
+    if (target.starts_with("socket:[")) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream lines(e2e::ReadAll(table));
+    std::string line;
+    std::getline(lines, line);  // the header
+    while (std::getline(lines, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (st == "0A" && inodes.count(inode)) ++n;
+    }
+  }
+  return n;
+}
+
 TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   StartServe(/*compute=*/false);
   StartNodes(3, {"DAISY_TEST_HOP_DELAY_MS=30"});
@@ -426,6 +451,67 @@ TEST_F(RingTest, EveryDeviceOfTheRoomShowsTheTurnsTextInThePlanOrNot) {
   const std::string quiet_log = e2e::ReadAll((tmp_ / "node-3.log").string());
   EXPECT_EQ(quiet_log.find("--- text of a turn"), std::string::npos) << quiet_log;
   EXPECT_EQ(quiet_log.find(text1), std::string::npos) << quiet_log;
+// Issue 15, item 2: a device that accepts no connections (node --no-listen) holds layers
+// through serve's relay. The lap crosses serve twice (to it and from it) and the turn is
+// VERIFIED with the single-device ids; the plan says which stage is relayed.
+TEST_F(RingTest, ANodeThatAcceptsNoConnectionsHoldsLayersThroughTheRelayAndTheRunIsVerified) {
+  StartServe(/*compute=*/false);
+  StartNodes(1, {}, {"--no-listen"});
+  StartNodes(1);
+  WaitForJoined(2);
+  const std::string relayed_log = e2e::ReadAll((tmp_ / "node-1.log").string());
+  EXPECT_NE(relayed_log.find("no inbox (--no-listen)"), std::string::npos) << relayed_log;
+  const std::string tiny = (models_ / "tiny30").string();
+  const auto want = GenerateIds(tiny, "Once upon a time", 40);
+  // The head holds layers too, so the lap is head -> node -> node -> head, one leg relayed each way.
+  auto [rc, j] = Run({"--model", tiny, "--prompt", "Once upon a time", "-n", "40", "--verify", "--stages", "3"});
+  ASSERT_EQ(rc, 0) << last_run_log_;
+  ASSERT_TRUE(j.is_object()) << last_run_log_;
+  EXPECT_TRUE(j["verified"].get<bool>()) << last_run_log_;
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
+  ASSERT_EQ(j["plan"].size(), 3u);
+  int relayed = 0;
+  for (const auto& s : j["plan"]) relayed += s["relayed"].get<bool>() ? 1 : 0;
+  EXPECT_EQ(relayed, 1) << j["plan"].dump();
+  const std::string serve_log = e2e::ReadAll((tmp_ / "serve.log").string());
+  EXPECT_NE(serve_log.find("is connected to the relay"), std::string::npos) << serve_log;
+  EXPECT_EQ(serve_log.find("relay: refused"), std::string::npos) << serve_log;
+  // The relayed node listens on no TCP port at all; the other node does (its inbox).
+  EXPECT_EQ(ListeningSockets(procs_[0].pid()), 0);
+  EXPECT_GT(ListeningSockets(procs_[1].pid()), 0);
+}
+
+// A relayed node killed mid-turn is dropped like any stage and the turn replayed without it.
+TEST_F(RingTest, ARelayedNodeKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
+  StartServe(/*compute=*/false);
+  StartNodes(1, {"DAISY_TEST_HOP_DELAY_MS=30"}, {"--no-listen"});
+  StartNodes(1, {"DAISY_TEST_HOP_DELAY_MS=30"});
+  WaitForJoined(2);
+  const std::string tiny = (models_ / "tiny30").string();
+  const auto want = GenerateIds(tiny, "Once upon a time", 80);
+  std::vector<std::string> args = {e2e::Bin(),         "run",  "--join",  Join(),     "--json",
+                                   "--name",           "head", "--model", tiny,       "--prompt",
+                                   "Once upon a time", "-n",   "80",      "--stages", "3"};
+  Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-kill.log").string());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  procs_[0].Stop(SIGKILL);  // the relayed node: in the first plan, as every device is
+  const int rc = run.Wait(90);
+  const std::string log = e2e::ReadAll((tmp_ / "run-kill.log").string());
+  ASSERT_EQ(rc, 0) << log;
+  auto j = nlohmann::json::parse(log.substr(log.rfind("\n{") + 1));
+  EXPECT_EQ(j["replays"], 1) << log;
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
+  ASSERT_EQ(j["plan"].size(), 2u) << log;  // the head and the node that listens
+  for (const auto& s : j["plan"]) EXPECT_FALSE(s["relayed"].get<bool>()) << j["plan"].dump();
+}
+
+// A clear error for --no-listen with flags that need a port (a serve without a relay:
+// src/ring/relay_test.cc).
+TEST_F(RingTest, NoListenRefusesPortFlags) {
+  auto r = e2e::RunCli("DAISY_HOME=" + (tmp_ / "x").string(), "node --join " + Join() + " --no-listen --port 5000",
+                       tmp_.string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--no-listen binds no port: --port and --advertise do not apply"), std::string::npos) << r.err;
 }
 
 TEST_F(RingTest, ASecondPromptWaitsForTheTurnInProgress) {
@@ -617,6 +703,29 @@ TEST_F(RingTest, NodesRejoinARestartedServeAndTheNextRunSucceeds) {
   auto [rc, j] = Run({"--model", tiny, "--prompt", "Once upon a time", "-n", "20", "--stages", "3"});
   ASSERT_EQ(rc, 0) << last_run_log_;
   EXPECT_EQ(j["plan"].size(), 3u);
+  EXPECT_EQ(j["ids"].get<std::vector<int>>(), GenerateIds(tiny, "Once upon a time", 20));
+  const std::string node_log = e2e::ReadAll((tmp_ / "node-1.log").string());
+  EXPECT_NE(node_log.find("lost the rendezvous"), std::string::npos) << node_log;
+}
+
+// The same with a relayed node: its link to the relay, refused by the restarted serve until
+// the node is admitted again, is made anew, and the next run goes through the relay.
+TEST_F(RingTest, ARelayedNodeRejoinsARestartedServeThroughTheRelay) {
+  StartServe(/*compute=*/false);
+  StartNodes(1, {}, {"--no-listen"});
+  StartNodes(1);
+  WaitForJoined(2);
+  serve_.Stop(SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  StartServe(/*compute=*/false);
+  WaitForJoined(2, 40);
+  const std::string tiny = (models_ / "tiny30").string();
+  auto [rc, j] = Run({"--model", tiny, "--prompt", "Once upon a time", "-n", "20", "--stages", "3"});
+  ASSERT_EQ(rc, 0) << last_run_log_;
+  ASSERT_EQ(j["plan"].size(), 3u);
+  int relayed = 0;
+  for (const auto& s : j["plan"]) relayed += s["relayed"].get<bool>() ? 1 : 0;
+  EXPECT_EQ(relayed, 1) << j["plan"].dump();
   EXPECT_EQ(j["ids"].get<std::vector<int>>(), GenerateIds(tiny, "Once upon a time", 20));
   const std::string node_log = e2e::ReadAll((tmp_ / "node-1.log").string());
   EXPECT_NE(node_log.find("lost the rendezvous"), std::string::npos) << node_log;

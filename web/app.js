@@ -369,7 +369,10 @@
     for (const s of stages) {
       tbody.append(el('tr', { 'data-stage': s.stage, 'data-device': s.device_id || '' },
         el('td', { 'data-label': 'Stage', text: s.stage === 0 ? '0 (head)' : s.stage }),
-        el('td', { 'data-label': 'Device', text: s.name || String(s.device_id || '').slice(0, 8) }),
+        el('td', { 'data-label': 'Device' }, s.name || String(s.device_id || '').slice(0, 8),
+          s.relayed ? ' ' : null,
+          s.relayed ? el('span', { class: 'badge relayed', text: 'relayed',
+            title: 'This device accepts no connections: its hops go through the server' }) : null),
         el('td', { 'data-label': 'Layers', text: layersText(s.first, s.end) }),
         el('td', { 'data-label': 'Download MB', class: 'num', text: fmtMB(s.download_mb) }),
         el('td', { 'data-label': 'Hold MB', class: 'num', text: fmtMB(s.hold_mb) }),

@@ -21,6 +21,7 @@ struct NodeFlags {
   std::string host = "127.0.0.1";
   int port = 0;
   std::string advertise;
+  bool no_listen = false;
   std::string server_key;
   bool no_cache = false;
   bool no_show_tokens = false;
@@ -79,6 +80,8 @@ int RunNodeCommand(NodeFlags f) {
 
   auto addr = net::JoinAddress(f.join);
   if (!addr.ok()) return ReportError(addr.status().message(), 2);
+  if (f.no_listen && (f.port != 0 || !f.advertise.empty()))
+    return ReportError("--no-listen binds no port: --port and --advertise do not apply", 2);
   auto budget = ParseMaxMemory(f.max_memory);
   if (!budget.ok()) return ReportError(budget.status().message(), 2);
   if (f.threads > 0) kernels::SetThreads(f.threads);  // before the capacity the hello reports is measured
@@ -90,6 +93,7 @@ int RunNodeCommand(NodeFlags f) {
   o.bind_host = f.host;
   o.port = f.port;
   o.advertise = f.advertise;
+  o.no_listen = f.no_listen;
   o.server_key = f.server_key;
   o.hub.use_cache = !f.no_cache;
   o.hub.cache_dir = DeviceCacheDir();
@@ -128,6 +132,10 @@ DAISY_REGISTER_COMMAND(node, 70, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--advertise", f->advertise,
                   "HOST:PORT the other devices are told to send to, when it differs from --host and --port (a relay "
                   "or port forward)");
+  sub->add_flag("--no-listen", f->no_listen,
+                "Bind no port (a device behind NAT or a firewall): keep one outbound connection to serve, which "
+                "relays this device's hops, boxed end to end so serve sees only ciphertext. Every hop to and from "
+                "it then crosses serve");
   sub->add_option("--models-dir", f->models_dirs,
                   "A local folder a head may have this device open models under (repeatable); without it, only Hub "
                   "repo ids. A path outside every such folder (symlinks and .. resolved) is refused, unread")

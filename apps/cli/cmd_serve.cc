@@ -168,6 +168,7 @@ int RunServe(const ServeFlags& f) {
   mo.port = f.port;
   mo.zmq_port = PortOf((*rv)->address());
   mo.http_port = (*server)->port();
+  mo.relay_port = (*rv)->relay_port();
   auto mux = net::PortMux::Start(mo);
   if (!mux.ok()) return ReportError(mux.status().message());
   mux_now.store(mux->get());

@@ -59,7 +59,8 @@ void PrintHeadReport(const HeadReport& r, bool json, bool verify) {
                       {"bytes", s.download_bytes},
                       {"need_bytes", s.need_bytes},
                       {"budget_bytes", s.budget_bytes},
-                      {"peak_rss_bytes", s.peak_rss_bytes}});
+                      {"peak_rss_bytes", s.peak_rss_bytes},
+                      {"relayed", s.relayed}});
     // Each stage's share of the turn, as it measured it (the head's: the time outside laps).
     nlohmann::json stages = nlohmann::json::array();
     for (const auto& l : r.stage_latency)

@@ -55,6 +55,35 @@ std::string KeyId(const std::string& public_key);
 // and spaces dropped. InvalidArgument when anything else is left or it is empty.
 Result<std::string> NormalizeFingerprint(const std::string& typed);
 
+// ---- end-to-end boxes for frames that cross the relay ----
+
+// serve's relay terminates the CurveZMQ link on each side, so a frame between two members
+// that goes through it is boxed between the true sender and the true recipient: libsodium's
+// crypto_box (X25519, XSalsa20-Poly1305) with the key of their two long-term CURVE keys
+// (crypto_box_beforenm, kept per peer) and a nonce of the sender's id, the recipient's id
+// and a counter (8 + 8 + 8 bytes): both sides derive it, no nonce repeats under a key. The
+// counter starts at the sender's clock in microseconds (a restarted sender goes on above
+// its last run) and grows by one per box; a recipient refuses a counter not above the last
+// it opened from that sender (a replay, or frames out of order). Not thread-safe: one
+// thread owns a PeerBoxes (the member's).
+class PeerBoxes {
+ public:
+  explicit PeerBoxes(KeyPair mine);
+  ~PeerBoxes();
+  PeerBoxes(const PeerBoxes&) = delete;
+  PeerBoxes& operator=(const PeerBoxes&) = delete;
+  // The envelope carrying `frame` to the member whose CURVE key is `to_public`.
+  Result<wire::Relay> Seal(const std::string& to_public, std::span<const uint8_t> frame);
+  // The frame inside an envelope from the member whose CURVE key is `from_public` (the key
+  // the room lists for envelope.from). Refuses a box that does not open (another sender, a
+  // changed byte, another recipient) and a counter not above the last one from that sender.
+  Result<std::vector<uint8_t>> Open(const std::string& from_public, const wire::Relay& envelope);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // One device's place on the network: an inbox every peer sends to (a bound PULL socket)
 // and an outbox per peer it sends to (PUSH sockets, connected on first use). Stage-to-stage
 // links are therefore direct. Not thread-safe: one thread owns an Endpoint.
@@ -69,8 +98,18 @@ class Endpoint {
   // with this device's key pair. The overload without keys makes a fresh pair (tests).
   static Result<std::unique_ptr<Endpoint>> Bind(const std::string& host, int port, const KeyPair& keys);
   static Result<std::unique_ptr<Endpoint>> Bind(const std::string& host, int port);
-  // Outboxes only, no inbox (Pulse's: it sends and never receives). address() is "".
+  // Outboxes only, no inbox (Pulse's, and a relayed member's until ConnectRelay). address()
+  // is "".
   static Result<std::unique_ptr<Endpoint>> SendOnly(const KeyPair& keys);
+  // A member that accepts no connections (node --no-listen): one outbound connection to
+  // serve's relay (`serve`: "tcp://HOST:PORT" of serve's one port, reached as a SOCKS5
+  // CONNECT to kRelayHost, which PortMux answers), a CURVE client that proves this key and
+  // checks `relay_key` (the rendezvous's). Receive/ReceiveFrame then read the frames the
+  // relay hands down, with sender_key = relay_key; SendRelay sends up. Called again, it
+  // replaces the link (after a restarted serve refused it in the handshake).
+  Status ConnectRelay(const std::string& serve, const std::string& relay_key);
+  Status SendRelay(std::span<const uint8_t> frame, int timeout_ms);
+  bool relayed() const;
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -159,6 +198,13 @@ inline constexpr double kDeadAfterSeconds = 4.0;
 // (stopped, restarted or unreachable) and asks to be admitted again.
 inline constexpr double kRendezvousLostSeconds = 6.0;
 
+// The name a relayed member asks serve's port for in its SOCKS5 CONNECT: PortMux hands such
+// a connection to the relay (and refuses any other target: it is no open proxy).
+inline constexpr const char* kRelayHost = "daisy-relay";
+
+// What the relay sees of a frame it forwards (tests: it must be only ciphertext).
+using RelayObserver = std::function<void(std::span<const uint8_t> frame)>;
+
 struct RendezvousOptions {
   std::string host = "127.0.0.1";
   int port = 8788;
@@ -170,6 +216,10 @@ struct RendezvousOptions {
   int join_burst = 16;
   double join_per_s = 0.2;
   double pending_expire_s = 60;  // a pending request nobody asks about this long is dropped
+  // The relay for members that accept no connections: a CURVE ROUTER on 127.0.0.1 (the
+  // rendezvous's key and allow-list) that PortMux's SOCKS5 path reaches (relay_port()).
+  bool relay = true;
+  RelayObserver relay_observer;  // tests: every frame the relay forwards, as it saw it
 };
 
 struct MemberInfo {
@@ -213,8 +263,17 @@ struct Admission {
 // member the members of its room (with their public keys), and drops members whose
 // heartbeats stop. Its inbox admits only approved keys (ZAP), and a join for a room the
 // key was not approved in is ignored: an unapproved device receives nothing. It only ever
-// decodes join, heartbeat and bye: it never sees a weight, an activation, a prompt or a
-// token. Runs on its own thread; the methods are thread-safe.
+// decodes join, heartbeat and bye, and of a relay envelope only its two device ids: it
+// never sees a weight, an activation, a prompt or a token in the clear.
+//
+// The relay (a thread of its own) forwards envelopes (wire::Relay) between members of one
+// room when either accepts no connections: up from a relayed member on its ROUTER
+// connection or from any member through the rendezvous's inbox, down to a relayed member on
+// its connection or to a member's inbox. It forwards an envelope only when its `from` is
+// the id of the key that sent it and both ends are members of one room; it also hands a
+// relayed member its peer lists. A relayed member's connection says who it is with a
+// heartbeat (wire::Heartbeat, its device id) on connecting and every second.
+// Runs on its own threads; the methods are thread-safe.
 class Rendezvous {
  public:
   static Result<std::unique_ptr<Rendezvous>> Start(const RendezvousOptions& options);
@@ -224,6 +283,12 @@ class Rendezvous {
 
   const std::string& address() const;
   const std::string& public_key() const;
+  // The relay's loopback port (PortMuxOptions::relay_port); 0 without a relay.
+  int relay_port() const;
+  // Frames the relay forwarded, and those it refused (unknown or unattached recipient, a
+  // sender that is not the envelope's `from`, another room).
+  int64_t relayed_frames() const;
+  int64_t relay_refusals() const;
   // A device asks to join: approved at once when the key is already approved for the
   // room, pre-approved by fingerprint, or auto_approve is on; otherwise pending until the
   // host approves it. InvalidArgument for a malformed key or room; ResourceExhausted when
@@ -254,7 +319,10 @@ struct PortMuxOptions {
   int port = 8788;                 // 0: any free port
   int zmq_port = 0;                // 127.0.0.1:zmq_port takes connections starting with 0xFF
   int http_port = 0;               // 127.0.0.1:http_port takes every other connection
-  int max_connections = 256;       // connections beyond this are closed at once
+  // 127.0.0.1:relay_port takes a SOCKS5 CONNECT to kRelayHost (a relayed member's link to the
+  // relay); 0: SOCKS5 is refused like any unknown protocol.
+  int relay_port = 0;
+  int max_connections = 256;  // connections beyond this are closed at once
   // From one client address: one host cannot take every slot (a browser opens about 6
   // connections, a device 1-2; 64 leaves room for a few dozen behind one NAT).
   int max_connections_per_source = 64;
@@ -269,7 +337,8 @@ struct PortMuxOptions {
 
 // One public port for two servers: each accepted connection is handed, by its first bytes,
 // to the rendezvous (a ZMTP signature: 0xFF, 8 bytes, 0x7F) or to the HTTP server (a method
-// name and a space), both listening on 127.0.0.1 only; anything else is closed. Bytes are
+// name and a space), both listening on 127.0.0.1 only, or, after a SOCKS5 handshake (0x05)
+// that asks for kRelayHost and nothing else, to the relay; anything else is closed. Bytes are
 // relayed both ways until both sides have closed (a half-close is passed on; a client that
 // keeps its side open after the server closed is closed after a grace); one thread per
 // connection, at most max_connections and max_connections_per_source. The servers see

@@ -48,6 +48,7 @@ struct NodeOptions {
   std::string bind_host = "127.0.0.1";      // the address peers reach this device at
   int port = 0;                             // the inbox's port (0: any free port)
   std::string advertise;                    // "HOST:PORT" peers are told to send to ("": the inbox's own)
+  bool no_listen = false;                   // bind no port: every hop through serve's relay
   std::string server_key;                   // --server-key FPR (see JoinOptions)
   std::optional<net::Admission> admission;  // in-process admission (see JoinOptions)
   HubOptions hub;                           // this device's own credentials and cache

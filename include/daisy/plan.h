@@ -20,7 +20,8 @@ struct DeviceReport {
   uint64_t free_memory = 0;  // the device's memory budget (--max-memory, else MemAvailable), bytes
   uint64_t probe_hash = 0;   // kernels::ProbeHash(); must equal the head's
   std::string backend;
-  std::string address;  // its inbox ("tcp://host:port"), carried into the plan
+  std::string address;   // its inbox ("tcp://host:port"), carried into the plan
+  bool relayed = false;  // accepts no connections: its hops go through serve's relay
 };
 
 // What planning needs to know of the model, independent of any device.
@@ -66,6 +67,7 @@ struct StageAssignment {
   std::string address;          // where its hops are sent (the head's: where laps RETURN)
   uint64_t download_bytes = 0;  // its tensors as stored (the head fills it from the index)
   uint64_t peak_rss_bytes = 0;  // its peak resident set as it last reported it; 0: unknown
+  bool relayed = false;         // its hops go through serve's relay (address relay://ID)
 };
 
 struct Plan {

@@ -111,10 +111,15 @@ class RoomMember {
     std::string server_key;  // --server-key FPR (see JoinOptions)
     std::optional<net::Admission> admission;
     std::string bind_host = "127.0.0.1";
-    int port = 0;               // the inbox's port (0: any free port)
-    std::string advertise;      // "HOST:PORT" peers are told to send to ("": the inbox's own)
-    uint32_t capabilities = 0;  // wire::kCap*
-    uint64_t budget = 0;        // memory budget for the hello
+    int port = 0;           // the inbox's port (0: any free port)
+    std::string advertise;  // "HOST:PORT" peers are told to send to ("": the inbox's own)
+    // Accepts no connections (node --no-listen): no inbox is bound; after admission one
+    // outbound link to serve's relay carries every frame to and from the room, each boxed
+    // end to end (net::PeerBoxes). Its address is relay://ID.
+    bool no_listen = false;
+    double relay_connect_s = 10;  // the relay link must be up this soon after admission
+    uint32_t capabilities = 0;    // wire::kCap*
+    uint64_t budget = 0;          // memory budget for the hello
     const std::atomic<bool>* stop = nullptr;
     double unreachable_timeout_s = 0;
   };
@@ -145,9 +150,10 @@ class RoomMember {
   // Logs a frame the owner refused (rate-limited): "<log_name>: dropped WHAT from key K".
   void Dropped(const std::string& sender, const std::string& what);
   void set_log_name(std::string name) { o_.log_name = std::move(name); }
-  Status Send(const std::string& address, const wire::Message& message, int timeout_ms) {
-    return ep_->Send(address, message, timeout_ms);
-  }
+  // To a member's inbox directly, or, when it or this member is relayed, boxed for it
+  // through serve's relay (FailedPrecondition when no member of the room has that address).
+  Status Send(const std::string& address, const wire::Message& message, int timeout_ms);
+  bool relayed() const { return o_.no_listen; }
 
   std::vector<wire::Peer> Peers() const;
   std::string KeyOf(const std::string& device_id) const;  // "" when not in the room
@@ -166,6 +172,14 @@ class RoomMember {
   RoomMember() = default;
   JoinOptions Join() const;
   Status StartPulse();
+  // A relayed member's link says who it is every second (Admit said it first), so a
+  // reconnected link is known again.
+  void AttachToRelay();
+  // A relayed member's link to serve's relay, up within relay_connect_s (a clear error if not).
+  Status ConnectRelay();
+  // The inner frame of an envelope from the relay, with its true sender's key; nullopt when
+  // dropped (a sender not in the room, a box that does not open, a replay).
+  std::optional<std::pair<std::string, std::vector<uint8_t>>> Unbox(const wire::Relay& envelope);
 
   Options o_;
   net::KeyPair keys_;
@@ -174,6 +188,8 @@ class RoomMember {
   wire::Hello hello_;
   std::string server_key_;
   std::unique_ptr<net::Pulse> pulse_;
+  std::unique_ptr<net::PeerBoxes> boxes_;  // the end-to-end boxes of relayed frames
+  std::chrono::steady_clock::time_point last_attach_{};
   mutable std::mutex mu_;
   std::vector<wire::Peer> peers_;
   bool seen_peers_ = false;

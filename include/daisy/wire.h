@@ -36,10 +36,13 @@ enum class Tag : int32_t {
   kAuditData = -35,
   kHopReceipt = -36,
   kText = -37,
+  kRelay = -38,
 };
 
 // 6: the token stream as text to every device of the room (text), instead of token ids
-// to the turn's stages; a narrow model's arithmetic changed (two-term weights, queries and
+// to the turn's stages; relayed members (address relay://ID, capability kCapRelayed) and
+// the relay envelope (a member of version 5 could neither parse such an address nor reach
+// such a member); a narrow model's arithmetic changed (two-term weights, queries and
 // values, model.h NarrowModel). 5: peak RSS in ready and stage_stats; the forward's numerics changed (two-term P,
 // two-term narrow activations): members of different arithmetic would disagree on every
 // activation, so they must not share a ring. 4: BLAKE2b audit digests, hop receipts.
@@ -54,7 +57,14 @@ inline constexpr int32_t kNextReturn = -1;
 enum Capability : uint32_t {
   kCapCompute = 1u << 0,  // can hold layers
   kCapHead = 1u << 1,     // can act as head
+  // Accepts no connections (node --no-listen): its address is relay://DEVICE_ID and every
+  // frame to or from it goes through serve's relay, boxed end to end (Relay below).
+  kCapRelayed = 1u << 2,
 };
+// The address of a relayed member: kRelayScheme + its device id (16 hex digits).
+inline constexpr std::string_view kRelayScheme = "relay://";
+// True for relay://ID with ID 16 lower-case hex digits.
+bool IsRelayAddress(std::string_view address);
 
 struct Hello {
   static constexpr Tag kTag = Tag::kHello;
@@ -71,7 +81,7 @@ struct Hello {
 
 struct StageEntry {
   std::string device_id;
-  std::string address;  // the stage's inbox ("tcp://host:port"): stage links are direct
+  std::string address;  // the stage's inbox ("tcp://host:port", direct) or relay://ID (through serve)
   int32_t first = 0;
   int32_t end = 0;
   bool operator==(const StageEntry&) const = default;
@@ -296,10 +306,25 @@ struct Peers {
 };
 inline constexpr size_t kMaxPeers = 256;
 
+// A frame between two members, at least one of them relayed, on its way through serve's
+// relay. serve terminates the CurveZMQ link on each side, so the frame inside is boxed
+// between the true sender and the true recipient (net::PeerBoxes: crypto_box with the key
+// of their two long-term X25519 keys, the CURVE keys). The relay reads only `to` and
+// `from`; `box` is ciphertext and its MAC.
+struct Relay {
+  static constexpr Tag kTag = Tag::kRelay;
+  std::string to;            // the recipient's device id
+  std::string from;          // the sender's device id (the relay checks it against the sender's key)
+  uint64_t counter = 0;      // the nonce's counter: strictly increasing per sender and recipient
+  std::vector<uint8_t> box;  // crypto_box_easy of the inner frame (MAC first, >= 16 bytes)
+  bool operator==(const Relay&) const = default;
+};
+inline constexpr size_t kBoxMacBytes = 16;
+
 // Each message and part compares field by field (==). Floats compare as numbers (-0 == +0):
 // where the bits matter, compare the payload bytes.
 using Message = std::variant<Hello, Assignment, Ready, Activation, Token, Done, Heartbeat, ErrorMsg, Bye, Join, Peers,
-                             Progress, StageStats, HopDigest, AuditRequest, AuditData, HopReceipt, Text>;
+                             Progress, StageStats, HopDigest, AuditRequest, AuditData, HopReceipt, Text, Relay>;
 
 std::vector<uint8_t> Encode(const Message& message);
 // Decodes one whole frame. `hidden` is the activation row width the receiver expects (0:

@@ -135,8 +135,8 @@ Result<Plan> HeadSession::Impl::PlanNow(int attempt, std::optional<int> stages_w
   if (!mi) return FailedPrecondition("no model is loaded");
   const ModelSpec& spec = mi->spec;
   const wire::Hello& h = hello();
-  std::vector<DeviceReport> devices = {
-      {id(), h.name, h.gemms_per_s, h.free_memory, h.probe_hash, h.backend, member->address()}};
+  std::vector<DeviceReport> devices = {{id(), h.name, h.gemms_per_s, h.free_memory, h.probe_hash, h.backend,
+                                        member->address(), wire::IsRelayAddress(member->address())}};
   std::vector<std::string> notes;
   for (const auto& p : room->peers()) {
     if (p.hello.device_id == id() || !(p.hello.capabilities & wire::kCapCompute)) continue;
@@ -147,7 +147,7 @@ Result<Plan> HeadSession::Impl::PlanNow(int attempt, std::optional<int> stages_w
       continue;
     }
     devices.push_back({p.hello.device_id, p.hello.name, p.hello.gemms_per_s, p.hello.free_memory, p.hello.probe_hash,
-                       p.hello.backend, p.address});
+                       p.hello.backend, p.address, wire::IsRelayAddress(p.address)});
   }
   PlanOptions po;
   std::optional<int> want = stages_wanted ? stages_wanted : o.stages;

@@ -12,26 +12,19 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <set>
 #include <thread>
 #include <zmq.hpp>
 
 #include "daisy/log.h"
 #include "daisy/net.h"
+#include "internal.h"
 
 namespace daisy::net {
 
 namespace {
-
-// The public keys one inbox admits. Read by the ZAP thread, written by the owner.
-struct AllowList {
-  mutable std::mutex mu;
-  std::set<std::string> keys;  // Z85
-  bool Has(const std::string& k) const {
-    std::lock_guard<std::mutex> lock(mu);
-    return keys.count(k) > 0;
-  }
-};
 
 // ZAP domain -> allow-list. Leaked on purpose, like the context: the ZAP thread may run
 // until the process ends.
@@ -101,6 +94,35 @@ void ZapLoop(zmq::socket_t* handler) {
 
 }  // namespace
 
+ZapDomain::ZapDomain() : list_(std::make_shared<AllowList>()) {
+  std::lock_guard<std::mutex> lock(Registry().mu);
+  name_ = "daisy-" + std::to_string(Registry().next++);
+  Registry().domains[name_] = list_;
+}
+
+ZapDomain::~ZapDomain() {
+  std::lock_guard<std::mutex> lock(Registry().mu);
+  Registry().domains.erase(name_);
+}
+
+void ZapDomain::SetAllowed(const std::vector<std::string>& public_keys) {
+  std::lock_guard<std::mutex> lock(list_->mu);
+  list_->keys.clear();
+  for (const auto& k : public_keys)
+    if (IsPublicKey(k)) list_->keys.insert(k);
+}
+
+// libzmq 4.3.4 aborts ("Bad file descriptor (src/epoll.cpp:113)") when a socket whose last
+// SOCKS connect failed is closed: its connecter removes a descriptor it already closed. So a
+// relay link is never closed but left open to the process's end (like the context); its I/O
+// thread still hands over the last frames meanwhile.
+namespace {
+void KeepOpen(std::optional<zmq::socket_t>& socket) {
+  if (socket) (void)new (std::nothrow) zmq::socket_t(std::move(*socket));
+  socket.reset();
+}
+}  // namespace
+
 zmq::context_t& Context() {
   // Lives for the process, with its ZAP handler bound before any socket can handshake (a
   // context without one would admit every key).
@@ -158,6 +180,9 @@ struct Endpoint::Impl {
   std::map<std::string, Outbox> outboxes;
   std::map<std::string, std::string> peer_keys;  // address -> Z85
   std::vector<std::string> dropped;
+  // A relayed member's one link to serve's relay (ConnectRelay), and the relay's key.
+  std::optional<zmq::socket_t> relay;
+  std::string relay_key;
 
   ~Impl() {
     std::lock_guard<std::mutex> lock(Registry().mu);
@@ -229,9 +254,10 @@ Endpoint::~Endpoint() {
   // The last frames (done, bye) may still sit in ZeroMQ's queues. Closing a socket with a
   // linger lets the I/O thread hand them to the kernel, which delivers them after the
   // process is gone; the short pause gives that thread the moment it needs.
-  const bool sent_any = !impl_->outboxes.empty();
+  const bool sent_any = !impl_->outboxes.empty() || impl_->relay.has_value();
   for (auto& [addr, o] : impl_->outboxes) zmq_socket_monitor(o.socket.handle(), nullptr, 0);
   impl_->outboxes.clear();
+  KeepOpen(impl_->relay);
   if (sent_any) std::this_thread::sleep_for(std::chrono::milliseconds(30));
 }
 
@@ -344,9 +370,22 @@ Result<std::optional<Endpoint::Frame>> Endpoint::ReceiveFrame(int timeout_ms) {
     while (true) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      zmq::pollitem_t item{impl_->inbox.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::max(left, std::chrono::milliseconds(0)));
-      if (!(item.revents & ZMQ_POLLIN)) return std::optional<Frame>();
+      zmq::pollitem_t items[2] = {{impl_->inbox.handle(), 0, ZMQ_POLLIN, 0},
+                                  {impl_->relay ? impl_->relay->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+      zmq::poll(items, impl_->relay ? 2 : 1, std::max(left, std::chrono::milliseconds(0)));
+      if (impl_->relay && (items[1].revents & ZMQ_POLLIN)) {
+        // Down from the relay: the CURVE handshake proved the relay's key, so that is the
+        // sender; the envelopes inside name (and box) their true senders.
+        zmq::message_t msg;
+        if (impl_->relay->recv(msg, zmq::recv_flags::dontwait)) {
+          const auto* p = static_cast<const uint8_t*>(msg.data());
+          return std::optional<Frame>(Frame{std::vector<uint8_t>(p, p + msg.size()), impl_->relay_key});
+        }
+      }
+      if (!(items[0].revents & ZMQ_POLLIN)) {
+        if (std::chrono::steady_clock::now() >= deadline) return std::optional<Frame>();
+        continue;
+      }
       zmq::message_t msg;
       auto got = impl_->inbox.recv(msg, zmq::recv_flags::dontwait);
       if (!got) return std::optional<Frame>();
@@ -386,6 +425,57 @@ void Endpoint::KeepOnly(const std::vector<std::string>& public_keys) {
     Forget(it->first);
     it = impl_->peer_keys.erase(it);
   }
+}
+
+Status Endpoint::ConnectRelay(const std::string& serve, const std::string& relay_key) {
+  if (!serve.starts_with("tcp://")) return InvalidArgument("Bug: ConnectRelay wants tcp://HOST:PORT, got " + serve);
+  if (!IsPublicKey(relay_key)) return InvalidArgument("Bug: ConnectRelay without the relay's key");
+  KeepOpen(impl_->relay);  // a link refused in its handshake is never retried by ZeroMQ: a new one
+  try {
+    zmq::socket_t s(Context(), zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 200);
+    s.set(zmq::sockopt::immediate, 1);
+    s.set(zmq::sockopt::sndhwm, 1000);
+    s.set(zmq::sockopt::rcvhwm, 10000);
+    s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(wire::kMaxFrameBytes));
+    s.set(zmq::sockopt::heartbeat_ivl, 2000);  // as every outbox: a dead link is noticed
+    s.set(zmq::sockopt::heartbeat_timeout, 10000);
+    s.set(zmq::sockopt::reconnect_ivl_max, 5000);
+    s.set(zmq::sockopt::curve_serverkey, relay_key);
+    s.set(zmq::sockopt::curve_publickey, impl_->keys.public_key);
+    s.set(zmq::sockopt::curve_secretkey, impl_->keys.secret_key);
+    // serve's one port answers SOCKS5 for the relay (PortMux); libzmq speaks it before ZMTP
+    // and sends the target name unresolved.
+    s.set(zmq::sockopt::socks_proxy, serve.substr(6));
+    s.connect(std::string("tcp://") + kRelayHost + ":1");
+    impl_->relay = std::move(s);
+    impl_->relay_key = relay_key;
+  } catch (const zmq::error_t& e) {
+    return Unavailable("cannot open the link to the relay at " + serve + ": " + e.what());
+  }
+  return Status::Ok();
+}
+
+Status Endpoint::SendRelay(std::span<const uint8_t> frame, int timeout_ms) {
+  if (!impl_->relay) return FailedPrecondition("Bug: SendRelay before ConnectRelay");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  try {
+    while (true) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      impl_->relay->set(zmq::sockopt::sndtimeo, static_cast<int>(std::clamp<int64_t>(left, 0, 250)));
+      if (impl_->relay->send(zmq::const_buffer(frame.data(), frame.size()), zmq::send_flags::none)) return Status::Ok();
+      if (std::chrono::steady_clock::now() >= deadline)
+        return Unavailable("could not reach the relay within " + std::to_string(timeout_ms) +
+                           " ms (serve is gone or unreachable, or it does not admit this device's key)");
+    }
+  } catch (const zmq::error_t& e) {
+    return Unavailable(std::string("sending to the relay: ") + e.what());
+  }
+}
+
+bool Endpoint::relayed() const {
+  return impl_->relay.has_value();
 }
 
 int Endpoint::outboxes() const {

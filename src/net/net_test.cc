@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -74,6 +75,51 @@ struct Device {
     return ep->Send(rv.address(), wire::Message(wire::Join{room, ep->address(), HelloFor(id)}), timeout_ms);
   }
 };
+
+// The end-to-end box of relayed frames: only the recipient opens it, only from the key that
+// sealed it, each counter once and in order, and any changed byte refuses it.
+TEST(PeerBoxes, OnlyTheRecipientOpensABoxFromItsSenderOnceAndUnchanged) {
+  const KeyPair a = NewKeyPair(), b = NewKeyPair(), c = NewKeyPair();
+  PeerBoxes sa(a), sb(b), sc(c);
+  const std::vector<uint8_t> frame = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+  auto env = sa.Seal(b.public_key, frame);
+  ASSERT_TRUE(env.ok()) << env.status().message();
+  EXPECT_EQ(env->from, KeyId(a.public_key));
+  EXPECT_EQ(env->to, KeyId(b.public_key));
+  EXPECT_EQ(env->box.size(), frame.size() + wire::kBoxMacBytes);
+  // The plaintext is nowhere in the box.
+  EXPECT_EQ(std::search(env->box.begin(), env->box.end(), frame.begin(), frame.begin() + 8), env->box.end());
+  // Another member cannot open it, and the recipient refuses it as coming from another key.
+  EXPECT_FALSE(sc.Open(a.public_key, *env).ok());
+  EXPECT_FALSE(sb.Open(c.public_key, *env).ok());
+  // Any changed byte of the box, or a changed counter (the nonce), is refused.
+  for (size_t i = 0; i < env->box.size(); ++i) {
+    wire::Relay bad = *env;
+    bad.box[i] ^= 0x01;
+    EXPECT_FALSE(sb.Open(a.public_key, bad).ok()) << "byte " << i;
+  }
+  wire::Relay moved = *env;
+  moved.counter += 1;
+  EXPECT_FALSE(sb.Open(a.public_key, moved).ok());
+  auto opened = sb.Open(a.public_key, *env);
+  ASSERT_TRUE(opened.ok()) << opened.status().message();
+  EXPECT_EQ(*opened, frame);
+  // A replay of the same envelope, and an older one delivered late, are refused.
+  auto second = sa.Seal(b.public_key, frame);
+  ASSERT_TRUE(second.ok());
+  auto third = sa.Seal(b.public_key, frame);
+  ASSERT_TRUE(third.ok());
+  EXPECT_GT(second->counter, env->counter);
+  EXPECT_NE(second->box, env->box) << "a new nonce per box";
+  const Status replay = sb.Open(a.public_key, *env).status();
+  EXPECT_NE(replay.message().find("a replay or out of order"), std::string::npos) << replay.message();
+  ASSERT_TRUE(sb.Open(a.public_key, *third).ok());
+  EXPECT_FALSE(sb.Open(a.public_key, *second).ok());
+  // The other direction under the same pair key opens too (its own nonces).
+  auto back = sb.Seal(a.public_key, frame);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(sa.Open(b.public_key, *back).ok());
+}
 
 TEST(JoinAddress, AcceptsHostPortAndRefusesTheRest) {
   EXPECT_EQ(*JoinAddress("127.0.0.1:8788"), "tcp://127.0.0.1:8788");

@@ -1,7 +1,9 @@
 // PortMux: one public TCP port in front of the rendezvous (ZeroMQ) and the HTTP server.
 // The first bytes of a connection decide where it goes: a ZMTP greeting starts with a
 // 10-byte signature (0xFF ... 0x7F), an HTTP request with a method name and a space; any
-// other connection is closed. Everything after that is relayed unchanged.
+// other connection is closed. Everything after that is relayed unchanged. A relayed member
+// (node --no-listen) reaches the relay through a SOCKS5 CONNECT to kRelayHost, which libzmq
+// speaks before ZMTP (ZMQ_SOCKS_PROXY); the mux answers only that one target.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -40,11 +42,22 @@ void SetNoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-enum class Kind { kNeedMore, kZmtp, kHttp, kOther };
+enum class Kind { kNeedMore, kZmtp, kHttp, kSocks, kOther };
+
+constexpr size_t kIdentifyBytes = 10;  // enough for the ZMTP signature, "OPTIONS " and a SOCKS5 greeting
 
 // What a connection is, from the bytes it sent so far (peeked, not taken).
 Kind Identify(const unsigned char* p, size_t n) {
   if (n == 0) return Kind::kNeedMore;
+  if (p[0] == 0x05) {
+    // SOCKS5 greeting: version, n methods (1..), the methods; "no authentication" (0) must be one.
+    if (n < 2) return Kind::kNeedMore;
+    if (p[1] == 0 || p[1] > kIdentifyBytes - 2) return Kind::kOther;
+    if (n < 2u + p[1]) return Kind::kNeedMore;
+    for (size_t i = 0; i < p[1]; ++i)
+      if (p[2 + i] == 0x00) return Kind::kSocks;
+    return Kind::kOther;
+  }
   if (p[0] == 0xFF) {
     // ZMTP 2/3 signature: 0xFF, 8 bytes of length padding, 0x7F (libzmq sends all 10 at once).
     if (n < 10) return Kind::kNeedMore;
@@ -62,7 +75,6 @@ Kind Identify(const unsigned char* p, size_t n) {
   return partial ? Kind::kNeedMore : Kind::kOther;
 }
 
-constexpr size_t kIdentifyBytes = 10;                        // enough for the ZMTP signature and "OPTIONS "
 constexpr auto kRefusalLogEvery = std::chrono::seconds(10);  // under a flood, one line per 10 s
 
 }  // namespace
@@ -93,7 +105,7 @@ struct PortMux::Impl {
     if (refused_unlogged > 0) line += "refused " + std::to_string(refused_unlogged) + " connection(s)";
     if (refused_unlogged > 0 && closed_unlogged > 0) line += " and ";
     if (closed_unlogged > 0)
-      line += "closed " + std::to_string(closed_unlogged) + " that were neither HTTP nor ZeroMQ in time";
+      line += "closed " + std::to_string(closed_unlogged) + " that were neither HTTP, ZeroMQ nor the relay in time";
     line += " (latest: " + why + ")";
     refused_unlogged = closed_unlogged = 0;
     LogWarning(line);
@@ -183,10 +195,82 @@ struct PortMux::Impl {
     return Kind::kNeedMore;
   }
 
+  // Reads exactly n bytes by the deadline; false when the client closes, fails or is late.
+  bool ReadExact(int fd, unsigned char* p, size_t n, Clock::time_point deadline) {
+    while (n > 0) {
+      if (stop.load() || Clock::now() >= deadline) return false;
+      const ssize_t r = ::recv(fd, p, n, 0);
+      if (r > 0) {
+        p += r;
+        n -= static_cast<size_t>(r);
+      } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        return false;
+      } else {
+        pollfd pfd{fd, POLLIN, 0};
+        ::poll(&pfd, 1, kPollMs);
+      }
+    }
+    return true;
+  }
+
+  // The SOCKS5 handshake of a relayed member (RFC 1928, no authentication): only a CONNECT
+  // by name to kRelayHost is granted, so the mux is no proxy to anywhere else. Returns the
+  // refusal, "" when granted.
+  std::string SocksHandshake(int client) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(options.identify_timeout_s));
+    unsigned char greeting[kIdentifyBytes];
+    if (!ReadExact(client, greeting, 2, deadline) || !ReadExact(client, greeting + 2, greeting[1], deadline))
+      return "a SOCKS5 greeting cut short";
+    static constexpr unsigned char kNoAuth[] = {0x05, 0x00};
+    if (!WriteAll(client, reinterpret_cast<const char*>(kNoAuth), sizeof kNoAuth)) return "the client left";
+    unsigned char req[4];
+    if (!ReadExact(client, req, 4, deadline)) return "a SOCKS5 request cut short";
+    std::string host;
+    if (req[0] == 0x05 && req[1] == 0x01 && req[3] == 0x03) {  // CONNECT to a domain name
+      unsigned char len = 0;
+      if (!ReadExact(client, &len, 1, deadline)) return "a SOCKS5 request cut short";
+      host.resize(len);
+      if (!ReadExact(client, reinterpret_cast<unsigned char*>(host.data()), len, deadline))
+        return "a SOCKS5 request cut short";
+      unsigned char port[2];
+      if (!ReadExact(client, port, 2, deadline)) return "a SOCKS5 request cut short";
+    }
+    const bool granted = host == kRelayHost && options.relay_port > 0;
+    // Reply: version, 0 granted / 2 not allowed by the rule set, reserved, IPv4 0.0.0.0:0.
+    const unsigned char reply[] = {0x05, static_cast<unsigned char>(granted ? 0x00 : 0x02), 0, 0x01, 0, 0, 0, 0, 0, 0};
+    if (!WriteAll(client, reinterpret_cast<const char*>(reply), sizeof reply)) return "the client left";
+    if (granted) return "";
+    return options.relay_port > 0 ? "a SOCKS5 request for a target other than the relay"
+                                  : "a SOCKS5 request, and this server has no relay";
+  }
+
   void Serve(int client, const std::string& source) {
     SetNonBlocking(client);
     SetNoDelay(client);
     const Kind kind = Await(client);
+    if (kind == Kind::kSocks) {
+      const std::string refused = SocksHandshake(client);
+      if (refused.empty()) {
+        const int backend = ConnectLoopback(options.relay_port);
+        if (backend < 0) {
+          LogWarning("port mux: cannot reach the internal relay at 127.0.0.1:" + std::to_string(options.relay_port));
+        } else {
+          SetNonBlocking(backend);
+          SetNoDelay(backend);
+          Relay(client, backend);
+          ::close(backend);
+        }
+        ::close(client);
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        NoteRefusal(false, source + " sent " + refused);
+      }
+      ::close(client);
+      return;
+    }
     const bool have = kind == Kind::kZmtp || kind == Kind::kHttp;
     if (!have && !stop.load()) {
       std::lock_guard<std::mutex> lock(mu);

@@ -9,11 +9,13 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "daisy/log.h"
 #include "daisy/net.h"
+#include "relay.h"
 
 namespace daisy::net {
 
@@ -63,6 +65,7 @@ struct Rendezvous::Impl {
   std::vector<std::string> dirty_rooms;                                // rooms whose peer list must be re-sent
   std::atomic<bool> stop{false};
   std::thread thread;
+  std::unique_ptr<RelayCore> relay;  // null without options.relay
 
   void MarkDirty(const std::string& room) { dirty_rooms.push_back(room); }
 
@@ -72,6 +75,29 @@ struct Rendezvous::Impl {
     for (const auto& [room, ks] : approved)
       for (const auto& [k, name] : ks) keys.push_back(k);
     endpoint->SetAllowed(keys);
+    if (relay) relay->SetAllowed(keys);
+  }
+
+  // The member `to_id`, when it and the member with key `from_key` share a room (takes mu).
+  std::optional<RelayCore::Target> Resolve(const std::string& from_key, const std::string& to_id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto from = members.find(KeyId(from_key));
+    auto to = members.find(to_id);
+    if (from == members.end() || to == members.end() || from->second.info.public_key != from_key ||
+        from->second.info.room != to->second.info.room)
+      return std::nullopt;
+    return RelayCore::Target{to->second.info.address, to->second.info.public_key,
+                             wire::IsRelayAddress(to->second.info.address)};
+  }
+
+  // A frame of the rendezvous for a member: at its inbox, or down its relay link.
+  void SendTo(const std::string& address, const std::string& device_id, const wire::Message& m) {
+    if (wire::IsRelayAddress(address)) {
+      if (relay) relay->Deliver(device_id, wire::Encode(m));
+      return;
+    }
+    Status st = endpoint->Send(address, m, 500);
+    if (!st.ok()) LogDebug("rendezvous: " + st.message());
   }
 
   // Under mu.
@@ -137,19 +163,17 @@ struct Rendezvous::Impl {
   void Broadcast(const std::string& room) {
     wire::Peers peers;
     peers.room = room;
-    std::vector<std::string> to;
+    std::vector<std::pair<std::string, std::string>> to;  // address, device id
     {
       std::lock_guard<std::mutex> lock(mu);
       for (const auto& [id, m] : members)
         if (m.info.room == room && m.info.approved) {
           peers.peers.push_back(wire::Peer{m.info.address, m.info.hello, m.info.public_key});
-          to.push_back(m.info.address);
+          to.emplace_back(m.info.address, id);
         }
     }
-    for (const auto& addr : to) {
-      Status st = endpoint->Send(addr, wire::Message(peers), 500);
-      if (!st.ok()) LogDebug("rendezvous: " + st.message());
-    }
+    const wire::Message message(peers);
+    for (const auto& [addr, id] : to) SendTo(addr, id, message);
   }
 
   void Handle(const Endpoint::Frame& frame) {
@@ -174,13 +198,27 @@ struct Rendezvous::Impl {
                    j->hello.device_id + "'");
         return;
       }
+      const bool relayed = wire::IsRelayAddress(j->address);
       if (j->hello.protocol_version != wire::kProtocolVersion) {
         LogWarning("rendezvous: refused " + j->hello.name + ": protocol version " +
                    std::to_string(j->hello.protocol_version) + ", this build speaks " +
                    std::to_string(wire::kProtocolVersion));
-        endpoint->SetPeerKey(j->address, key);
-        (void)endpoint->Send(
-            j->address, wire::Message(wire::ErrorMsg{wire::ErrorKind::kProtocol, "protocol version mismatch"}), 500);
+        if (!relayed) endpoint->SetPeerKey(j->address, key);
+        SendTo(j->address, j->hello.device_id,
+               wire::Message(wire::ErrorMsg{wire::ErrorKind::kProtocol, "protocol version mismatch"}));
+        return;
+      }
+      // A relayed member is relay://ITS-OWN-ID and says so in its hello; only such a member
+      // is reached through the relay, and no member can take another's relay address.
+      if (relayed != ((j->hello.capabilities & wire::kCapRelayed) != 0) ||
+          (relayed && j->address != std::string(wire::kRelayScheme) + j->hello.device_id)) {
+        LogWarning("rendezvous: ignored a join from " + Fingerprint(key) + " at " + j->address +
+                   ": a relay address must be relay://<its own device id>, with the relayed capability, and only then");
+        return;
+      }
+      if (relayed && !relay) {
+        LogWarning("rendezvous: refused " + j->hello.name + " (" + Fingerprint(key) +
+                   "): it accepts no connections and this rendezvous has no relay");
         return;
       }
       auto it = members.find(j->hello.device_id);
@@ -192,7 +230,7 @@ struct Rendezvous::Impl {
       }
       const bool is_new = it == members.end();
       if (!is_new && it->second.info.room != j->room) MarkDirty(it->second.info.room);
-      endpoint->SetPeerKey(j->address, key);
+      if (!relayed) endpoint->SetPeerKey(j->address, key);
       members[j->hello.device_id] = Member{{j->room, j->address, j->hello, true, key}, now};
       if (is_new)
         LogInfo("rendezvous: device " + j->hello.name + " (" + Fingerprint(key) + ") joined room '" + j->room + "'");
@@ -210,9 +248,12 @@ struct Rendezvous::Impl {
         endpoint->Forget(it->second.info.address);
         members.erase(it);
       }
+    } else if (std::holds_alternative<wire::Relay>(*msg) && relay) {
+      // An envelope for a relayed member: the relay checks its sender and passes it on.
+      relay->Forward(key, frame.bytes);
     } else {
       // Ring traffic never comes here; whatever did is dropped without being looked at.
-      LogWarning("rendezvous: dropped a frame that is not join, heartbeat or bye");
+      LogWarning("rendezvous: dropped a frame that is not join, heartbeat, bye or a relay envelope");
     }
   }
 
@@ -259,6 +300,7 @@ Rendezvous::Rendezvous(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Rendezvous::~Rendezvous() {
   impl_->stop.store(true);
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->relay.reset();  // its thread asks Resolve, which needs the members
 }
 
 Result<std::unique_ptr<Rendezvous>> Rendezvous::Start(const RendezvousOptions& options) {
@@ -268,6 +310,18 @@ Result<std::unique_ptr<Rendezvous>> Rendezvous::Start(const RendezvousOptions& o
   DAISY_ASSIGN_OR_RETURN(impl->endpoint, Endpoint::Bind(options.host, options.port, impl->options.keys));
   impl->address = impl->endpoint->address();
   Impl* raw = impl.get();
+  if (options.relay) {
+    DAISY_ASSIGN_OR_RETURN(impl->relay,
+                           RelayCore::Start(
+                               impl->options.keys,
+                               [raw](const std::string& from, const std::string& to) { return raw->Resolve(from, to); },
+                               [raw](const std::string& device_id) {
+                                 std::lock_guard<std::mutex> lock(raw->mu);
+                                 auto it = raw->members.find(device_id);
+                                 if (it != raw->members.end()) raw->MarkDirty(it->second.info.room);
+                               },
+                               options.relay_observer));
+  }
   impl->thread = std::thread([raw] { raw->Loop(); });
   return std::unique_ptr<Rendezvous>(new Rendezvous(std::move(impl)));
 }
@@ -277,6 +331,16 @@ const std::string& Rendezvous::address() const {
 }
 const std::string& Rendezvous::public_key() const {
   return impl_->options.keys.public_key;
+}
+
+int Rendezvous::relay_port() const {
+  return impl_->relay ? impl_->relay->port() : 0;
+}
+int64_t Rendezvous::relayed_frames() const {
+  return impl_->relay ? impl_->relay->forwarded() : 0;
+}
+int64_t Rendezvous::relay_refusals() const {
+  return impl_->relay ? impl_->relay->refused() : 0;
 }
 
 Result<JoinAnswer> Rendezvous::RequestJoin(const JoinRequest& request) {

@@ -67,6 +67,7 @@ class Node {
     mo.bind_host = o_.bind_host;
     mo.port = o_.port;
     mo.advertise = o_.advertise;
+    mo.no_listen = o_.no_listen;
     mo.capabilities = wire::kCapCompute;
     mo.budget = MemoryBudget(o_.max_memory);
     mo.stop = o_.stop;
@@ -81,6 +82,11 @@ class Node {
     if (Status admitted = member_->Admit(); !admitted.ok()) {
       return admitted.code() == ErrorCode::kAborted ? Status::Ok() : admitted;
     }
+    if (member_->relayed())
+      std::fprintf(stderr,
+                   "node %s: no inbox (--no-listen): every hop to and from this device goes through serve at %s, "
+                   "boxed end to end\n",
+                   name_.c_str(), o_.rendezvous.substr(6).c_str());
     while (!(o_.stop && o_.stop->load())) {
       if (member_->RendezvousLost()) {
         // The rendezvous stopped taking heartbeats: it is gone, or it restarted and no longer
@@ -513,6 +519,7 @@ class Node {
   void On(wire::AuditData&) {}
   void On(wire::Progress&) {}
   void On(wire::StageStats&) {}
+  void On(wire::Relay&) {}  // RoomMember opened every envelope; one inside another is dropped there
 
   const NodeOptions& o_;
   std::unique_ptr<RoomMember> member_;  // keys, inbox, hello, heartbeats, the room's list

@@ -246,6 +246,7 @@ Result<Plan> MakePlan(const PlanModel& model, const std::vector<DeviceReport>& d
     s.device_id = eligible[i].id;
     s.device_name = eligible[i].name;
     s.address = eligible[i].address;
+    s.relayed = eligible[i].relayed;
     s.first = first;
     s.end = first + counts[i];
     s.hold_bytes = static_cast<uint64_t>(counts[i]) * model.layer_bytes + (i == 0 ? model.head_bytes : 0);

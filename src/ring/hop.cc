@@ -19,6 +19,7 @@ Plan PlanFromWire(const std::vector<wire::StageEntry>& stages) {
     StageAssignment a;
     a.device_id = s.device_id;
     a.address = s.address;
+    a.relayed = wire::IsRelayAddress(s.address);
     a.first = s.first;
     a.end = s.end;
     plan.stages.push_back(std::move(a));

@@ -15,13 +15,23 @@ Result<std::unique_ptr<RoomMember>> RoomMember::Create(const Options& options) {
   m->o_ = options;
   DAISY_ASSIGN_OR_RETURN(m->keys_, DeviceKeys(DeviceHome(), options.role));
   const std::string id = net::KeyId(m->keys_.public_key);
-  DAISY_ASSIGN_OR_RETURN(m->ep_, net::Endpoint::Bind(options.bind_host, options.port, m->keys_));
-  if (!options.advertise.empty()) {
-    DAISY_ASSIGN_OR_RETURN(m->address_, net::JoinAddress(options.advertise));
+  m->boxes_ = std::make_unique<net::PeerBoxes>(m->keys_);
+  uint32_t capabilities = options.capabilities;
+  if (options.no_listen) {
+    // Nothing to bind: the relay link is made once the host has admitted this key.
+    if (!options.advertise.empty()) return InvalidArgument("--no-listen and --advertise exclude each other");
+    DAISY_ASSIGN_OR_RETURN(m->ep_, net::Endpoint::SendOnly(m->keys_));
+    m->address_ = std::string(wire::kRelayScheme) + id;
+    capabilities |= wire::kCapRelayed;
   } else {
-    m->address_ = m->ep_->address();
+    DAISY_ASSIGN_OR_RETURN(m->ep_, net::Endpoint::Bind(options.bind_host, options.port, m->keys_));
+    if (!options.advertise.empty()) {
+      DAISY_ASSIGN_OR_RETURN(m->address_, net::JoinAddress(options.advertise));
+    } else {
+      m->address_ = m->ep_->address();
+    }
   }
-  m->hello_ = MeasureHello(id, options.name, options.capabilities, options.budget);
+  m->hello_ = MeasureHello(id, options.name, capabilities, options.budget);
   return m;
 }
 
@@ -50,7 +60,63 @@ Status RoomMember::Admit() {
   server_key_ = std::move(key);
   ep_->SetPeerKey(o_.rendezvous, server_key_);
   ep_->Allow(server_key_);
+  if (o_.no_listen) DAISY_RETURN_IF_ERROR(ConnectRelay());
   return StartPulse();
+}
+
+Status RoomMember::ConnectRelay() {
+  DAISY_RETURN_IF_ERROR(ep_->ConnectRelay(o_.rendezvous, server_key_));
+  // The first frame waits for the link (ZMQ_IMMEDIATE): a serve without a relay, or one that
+  // does not admit this key, never completes it.
+  last_attach_ = Clock::now();
+  const int wait_ms = static_cast<int>(o_.relay_connect_s * 1000);
+  Status up = ep_->SendRelay(wire::Encode(wire::Message(wire::Heartbeat{0, id()})), wait_ms);
+  if (!up.ok())
+    return Unavailable("--no-listen: serve at " + o_.rendezvous.substr(6) + " admitted this device but its relay " +
+                       "did not take the connection within " + std::to_string(wait_ms / 1000) +
+                       " s (a serve without a relay, or something in front of it that blocks the relay)");
+  return Status::Ok();
+}
+
+void RoomMember::AttachToRelay() {
+  if (!ep_->relayed()) return;
+  if (Clock::now() - last_attach_ < std::chrono::seconds(1)) return;
+  last_attach_ = Clock::now();
+  (void)ep_->SendRelay(wire::Encode(wire::Message(wire::Heartbeat{0, id()})), 200);
+}
+
+Status RoomMember::Send(const std::string& address, const wire::Message& message, int timeout_ms) {
+  if (!wire::IsRelayAddress(address) && !o_.no_listen) return ep_->Send(address, message, timeout_ms);
+  // Through the relay: boxed for the member at that address, whose key the room gives.
+  std::string key;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& p : peers_)
+      if (p.address == address) key = p.public_key;
+  }
+  if (key.empty())
+    return FailedPrecondition("no member of the room has the address " + address + ": nothing to relay to");
+  DAISY_ASSIGN_OR_RETURN(wire::Relay envelope, boxes_->Seal(key, wire::Encode(message)));
+  const std::vector<uint8_t> frame = wire::Encode(wire::Message(std::move(envelope)));
+  if (o_.no_listen) {
+    AttachToRelay();
+    return ep_->SendRelay(frame, timeout_ms);
+  }
+  return ep_->Send(o_.rendezvous, frame, timeout_ms);  // the rendezvous hands it to its relay
+}
+
+std::optional<std::pair<std::string, std::vector<uint8_t>>> RoomMember::Unbox(const wire::Relay& envelope) {
+  const std::string key = KeyOf(envelope.from);
+  if (key.empty()) {
+    Dropped(server_key_, "a relayed frame from " + envelope.from + ", which is not in the room");
+    return std::nullopt;
+  }
+  auto inner = boxes_->Open(key, envelope);
+  if (!inner.ok()) {
+    Dropped(key, inner.status().message());
+    return std::nullopt;
+  }
+  return std::make_pair(key, std::move(*inner));
 }
 
 // Heartbeats and the join come from a thread of their own: loading a slice, a long prefill
@@ -74,6 +140,8 @@ Status RoomMember::Readmit() {
   DAISY_ASSIGN_OR_RETURN(std::string again, AwaitAdmission(Join(), keys_));
   if (again != server_key_)
     return FailedPrecondition("the rendezvous at " + o_.rendezvous + " came back with another key");
+  // A relay link refused while serve did not know this key yet is never retried: a new one.
+  if (o_.no_listen) DAISY_RETURN_IF_ERROR(ConnectRelay());
   // Give the pulse a few beats to get through before judging it again.
   for (int i = 0; i < 30 && pulse_ && pulse_->SilentFor() > 1.5 && !(o_.stop && o_.stop->load()); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -92,11 +160,25 @@ void RoomMember::Leave() {
 
 Result<std::optional<Incoming>> RoomMember::Receive(int timeout_ms, int hidden,
                                                     const std::function<bool(const std::string&)>& expects) {
+  AttachToRelay();
   DAISY_ASSIGN_OR_RETURN(auto frame, ep_->ReceiveFrame(timeout_ms));
   if (!frame) return std::optional<Incoming>();
   std::string sender = std::move(frame->sender_key);
   auto m = wire::Decode(frame->bytes, hidden);
-  const bool from_server = !server_key_.empty() && sender == server_key_;
+  bool from_server = !server_key_.empty() && sender == server_key_;
+  if (from_server && m.ok() && std::holds_alternative<wire::Relay>(*m)) {
+    // Relayed by serve: the frame inside is from the member the envelope names, and only it
+    // could have boxed it for this device.
+    auto inner = Unbox(std::get<wire::Relay>(*m));
+    if (!inner) return std::optional<Incoming>();
+    sender = std::move(inner->first);
+    m = wire::Decode(inner->second, hidden);
+    from_server = false;
+    if (m.ok() && std::holds_alternative<wire::Relay>(*m)) {
+      Dropped(sender, "an envelope inside an envelope");
+      return std::optional<Incoming>();
+    }
+  }
   if (!m.ok()) {
     if (!from_server && expects(sender)) return std::optional<Incoming>(Incoming{std::move(sender), m.status()});
     Dropped(sender, "a malformed frame (" + m.status().message() + ")");

@@ -80,7 +80,8 @@ Json StageJson(const StageAssignment& s, size_t index) {
               {"device_id", s.device_id},
               {"name", s.device_name},
               {"first", s.first},
-              {"end", s.end}};
+              {"end", s.end},
+              {"relayed", s.relayed}};
 }
 
 Json PlanJson(const Result<Plan>& plan) {

@@ -53,6 +53,8 @@ class Writer {
   void Rows(std::span<const float> v, const char*) {
     for (float f : v) U32(std::bit_cast<uint32_t>(f), nullptr);
   }
+  // The rest of the frame: opaque bytes.
+  void Tail(std::span<const uint8_t> v, const char*, size_t /*min*/) { out_.insert(out_.end(), v.begin(), v.end()); }
   // The encoder validates nothing. A condition that costs more than a comparison is passed
   // as a callable, which only the Reader calls.
   template <class Good, class Why>
@@ -149,6 +151,16 @@ class Reader {
       pos_ += bytes;
     }
   }
+  // The rest of the frame as opaque bytes, at least `min` of them.
+  void Tail(std::vector<uint8_t>& v, const char* f, size_t min) {
+    if (!ok()) return;
+    if (left() < min) {
+      Fail(std::string(f) + " of " + std::to_string(left()) + " bytes is shorter than " + std::to_string(min));
+      return;
+    }
+    v.assign(in_.begin() + static_cast<std::ptrdiff_t>(pos_), in_.end());
+    pos_ = in_.size();
+  }
   // Refuses the frame with `why` unless `good`. Each may be a value or a callable (called
   // only here, so the encoder does not pay for an expensive check).
   template <class Good, class Why>
@@ -228,8 +240,18 @@ bool Z85Key(std::string_view k) {
   return true;
 }
 
-// "tcp://host:port" with a plain host name or IPv4 address and a port in [1, 65535].
+// 16 lower-case hex digits: a device id (net::KeyId).
+bool DeviceIdShape(std::string_view id) {
+  if (id.size() != 16) return false;
+  for (char c : id)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// "tcp://host:port" with a plain host name or IPv4 address and a port in [1, 65535], or a
+// relayed member's relay://ID.
 bool SafeAddress(std::string_view a) {
+  if (IsRelayAddress(a)) return true;
   if (!a.starts_with("tcp://")) return false;
   a.remove_prefix(6);
   const size_t colon = a.rfind(':');
@@ -286,6 +308,7 @@ static_assert(kTag<AuditRequest> == -34);
 static_assert(kTag<AuditData> == -35);
 static_assert(kTag<HopReceipt> == -36);
 static_assert(kTag<Text> == -37);
+static_assert(kTag<Relay> == -38);
 
 template <size_t... I>
 constexpr bool TagsAreUnique(std::index_sequence<I...>) {
@@ -347,7 +370,7 @@ void Fields(V& v, Is<StageEntry> auto& m) {
   v.Str(m.device_id, "stage device_id", 128);
   v.Str(m.address, "stage address", 256);
   v.Check([&] { return SafeAddress(m.address); },
-          [&] { return "stage address '" + m.address + "' is not tcp://host:port"; });
+          [&] { return "stage address '" + m.address + "' is not tcp://host:port or relay://ID"; });
   v.I32(m.first, "stage first");
   v.I32(m.end, "stage end");
 }
@@ -510,7 +533,8 @@ void Fields(V& v, Is<Join> auto& m) {
   v.Str(m.room, "room", 64);
   v.Str(m.address, "address", 256);
   Fields(v, m.hello);
-  v.Check([&] { return SafeAddress(m.address); }, [&] { return "address '" + m.address + "' is not tcp://host:port"; });
+  v.Check([&] { return SafeAddress(m.address); },
+          [&] { return "address '" + m.address + "' is not tcp://host:port or relay://ID"; });
 }
 
 template <class V>
@@ -519,7 +543,7 @@ void Fields(V& v, Is<Peer> auto& m) {
   Fields(v, m.hello);
   v.Str(m.public_key, "peer public_key", kPublicKeyChars);
   v.Check([&] { return SafeAddress(m.address); },
-          [&] { return "peer address '" + m.address + "' is not tcp://host:port"; });
+          [&] { return "peer address '" + m.address + "' is not tcp://host:port or relay://ID"; });
   v.Check([&] { return Z85Key(m.public_key); }, "peer public_key is not 40 characters of Z85");
 }
 
@@ -527,6 +551,17 @@ template <class V>
 void Fields(V& v, Is<Peers> auto& m) {
   v.Str(m.room, "room", 64);
   v.Vec(m.peers, "peer count", 0, kMaxPeers, [&](auto& p) { Fields(v, p); });
+}
+
+template <class V>
+void Fields(V& v, Is<Relay> auto& m) {
+  v.Str(m.to, "to", 16);
+  v.Str(m.from, "from", 16);
+  v.U64(m.counter, "counter");
+  v.Tail(m.box, "box", kBoxMacBytes);
+  v.Check([&] { return DeviceIdShape(m.to) && DeviceIdShape(m.from); },
+          "to and from must be device ids (16 hex digits)");
+  v.Check(m.to != m.from, "to and from are the same device");
 }
 
 // Reads the message whose tag is `tag` into `out`; false when no message has that tag.
@@ -584,6 +619,8 @@ std::string_view TagName(int32_t tag) {
       return "hop_receipt";
     case Tag::kText:
       return "text";
+    case Tag::kRelay:
+      return "relay";
   }
   return "unknown";
 }
@@ -637,6 +674,10 @@ uint32_t ModelHash(std::string_view model_id, std::string_view revision, std::st
   uint32_t h = XXH32_digest(st);
   XXH32_freeState(st);
   return h;
+}
+
+bool IsRelayAddress(std::string_view address) {
+  return address.starts_with(kRelayScheme) && DeviceIdShape(address.substr(kRelayScheme.size()));
 }
 
 std::vector<uint8_t> Encode(const Message& message) {

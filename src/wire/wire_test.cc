@@ -74,8 +74,15 @@ Digest Pattern(uint8_t seed) {
 }
 // Version 5, as the golden bytes were written: the layout is what they pin, not the number.
 Hello SampleHello(std::string name) {
-  return Hello{uint16_t{5}, kCapCompute | kCapHead, 1234.5,         0xfeedfacecafebeefull,
-               8ull << 30,  "avx512vnni",           "peer-" + name, std::move(name)};
+  // Version 5 by number: version 6 changed no layout, so the golden bytes below stay those
+  // of version 5.
+  return Hello{5,          kCapCompute | kCapHead, 1234.5,         0xfeedfacecafebeefull,
+               8ull << 30, "avx512vnni",           "peer-" + name, std::move(name)};
+}
+std::vector<uint8_t> RelayBox() {
+  std::vector<uint8_t> box(20);
+  for (size_t i = 0; i < box.size(); ++i) box[i] = static_cast<uint8_t>(3 * i + 1);
+  return box;
 }
 std::vector<Message> Samples() {
   Assignment a = MakeAssignment();
@@ -110,11 +117,13 @@ std::vector<Message> Samples() {
       AuditRequest{8, 2, 18},
       AuditData{9, 2, 6, {1.0f, -0.0f, 3.5f, 4.0f, -2.0f, 0.25f, 8.0f, 1e-6f}},
       HopReceipt{5, 1, 19, 2, Pattern(5), Pattern(6)},
-      Text{12, TextKind::kPiece, 6, 1234, " upon a"}};
+      Text{12, TextKind::kPiece, 6, 1234, " upon a"},
+      Relay{"0123456789abcdef", "fedcba9876543210", 0x1122334455667788ull, RelayBox()}};
 }
 
-// The bytes of Samples() as the hand-mirrored codec of protocol version 5 wrote them (text: 6): the
-// one description per message must write exactly these (no protocol change).
+// The bytes of Samples() as the hand-mirrored codec of protocol version 5 wrote them (text
+// and the relay envelope: as docs/WIRE.md draws them, version 6): the one description per
+// message must write exactly these (no protocol change).
 struct Golden {
   const char* name;
   const char* hex;
@@ -160,6 +169,9 @@ const Golden kGolden[] = {
      "dcffffff05000000010000001300000002000000050c131a21282f363d444b525960676e757c838a91989fa6adb4bbc2c9d0"
      "d7de060d141b222930373e454c535a61686f767d848b9299a0a7aeb5bcc3cad1d8df"},
     {"text", "dbffffff0c0000000106000000d204000007002075706f6e2061"},  // protocol version 6
+    {"relay",
+     "daffffff10003031323334353637383961626364656610006665646362613938373635343332313088776655443322110104"
+     "070a0d101316191c1f2225282b2e3134373a"},
 };
 
 std::string Hex(const std::vector<uint8_t>& bytes) {
@@ -224,10 +236,13 @@ TEST(Wire, EveryMessageEncodesToTheGoldenBytes) {
 // never a crash (this test also runs under ASan+UBSan). The one exception is in the
 // protocol: audit_data's rows run to the end of the frame with no count and no hash, so a cut
 // between whole rows is a shorter well-formed frame (the head checks the rows against the
-// stage's digests); an activation's act_hash catches the same cut.
+// stage's digests); an activation's act_hash catches the same cut. A relay envelope's box
+// is the rest of the frame too: cut after its MAC's length, it is well-formed here and the
+// box fails to open at the recipient (net_test: a changed or cut box does not open).
 TEST(Wire, EveryTruncationOfEveryFrameIsRefused) {
   constexpr int kHidden = 4;
   constexpr size_t kAuditDataHeader = 16, kRowBytes = 4 * kHidden;
+  constexpr size_t kRelayHeader = 4 + 18 + 18 + 8;
   for (const Message& m : Samples()) {
     const std::string kind = KindOf(m);
     SCOPED_TRACE(kind);
@@ -239,6 +254,11 @@ TEST(Wire, EveryTruncationOfEveryFrameIsRefused) {
       if (kind == "audit_data" && cut > kAuditDataHeader && (cut - kAuditDataHeader) % kRowBytes == 0) {
         ASSERT_TRUE(back.ok()) << back.status().message();
         EXPECT_EQ(std::get<AuditData>(*back).values.size(), (cut - kAuditDataHeader) / 4);
+        continue;
+      }
+      if (kind == "relay" && cut >= kRelayHeader + kBoxMacBytes) {
+        ASSERT_TRUE(back.ok()) << back.status().message();
+        EXPECT_EQ(std::get<Relay>(*back).box.size(), cut - kRelayHeader);
         continue;
       }
       const Status st = back.status();
@@ -368,6 +388,26 @@ TEST(Wire, RefusesPeersWithoutAWellFormedPublicKey) {
                 "public_key");
   ExpectRefused(Encode(Message(Peers{"r", {Peer{"tcp://127.0.0.1:1", h, std::string(kKey) + "x"}}})),
                 "exceeds the cap");
+}
+
+// A relayed member's address is relay:// and its device id, nothing else; an envelope names
+// two distinct device ids and carries at least a box's MAC.
+TEST(Wire, RelayAddressesAndEnvelopesAreChecked) {
+  EXPECT_TRUE(IsRelayAddress("relay://0123456789abcdef"));
+  for (const char* bad : {"relay://0123456789ABCDEF", "relay://0123456789abcde", "relay://0123456789abcdef0",
+                          "relay://", "relay:0123456789abcdef", "tcp://0123456789abcdef"})
+    EXPECT_FALSE(IsRelayAddress(bad)) << bad;
+  const Hello h{kProtocolVersion, kCapCompute | kCapRelayed, 1.0, 2, 3, "scalar", "0123456789abcdef", "n"};
+  const Join j = RoundTrip(Join{"r", "relay://0123456789abcdef", h});
+  EXPECT_EQ(j.address, "relay://0123456789abcdef");
+  ExpectRefused(Encode(Message(Join{"r", "relay://0123456789abcdeg", h})), "is not tcp://host:port or relay://ID");
+  ExpectRefused(Encode(Message(Peers{"r", {Peer{"relay://x", h, kKey}}})), "relay://ID");
+  const std::vector<uint8_t> box(16, 7);
+  EXPECT_EQ(RoundTrip(Relay{"0123456789abcdef", "fedcba9876543210", 9, box}).box, box);
+  ExpectRefused(Encode(Message(Relay{"0123456789abcdef", "fedcba9876543210", 9, std::vector<uint8_t>(15)})),
+                "box of 15 bytes is shorter than 16");
+  ExpectRefused(Encode(Message(Relay{"0123456789abcdef", "0123456789abcdef", 9, box})), "the same device");
+  ExpectRefused(Encode(Message(Relay{"0123456789abcdef", "FEDCBA9876543210", 9, box})), "device ids");
 }
 
 TEST(Wire, RefusesImpossibleCacheAndProgressFields) {
