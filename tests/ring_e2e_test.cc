@@ -451,6 +451,8 @@ TEST_F(RingTest, EveryDeviceOfTheRoomShowsTheTurnsTextInThePlanOrNot) {
   const std::string quiet_log = e2e::ReadAll((tmp_ / "node-3.log").string());
   EXPECT_EQ(quiet_log.find("--- text of a turn"), std::string::npos) << quiet_log;
   EXPECT_EQ(quiet_log.find(text1), std::string::npos) << quiet_log;
+}
+
 // Issue 15, item 2: a device that accepts no connections (node --no-listen) holds layers
 // through serve's relay. The lap crosses serve twice (to it and from it) and the turn is
 // VERIFIED with the single-device ids; the plan says which stage is relayed.
