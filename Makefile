@@ -1,11 +1,13 @@
 # Two commands do everything on a fresh Debian 12 machine (see README.md):
 #   make demo   the main job on the bundled model
 #   make test   build and run every test (plus clang-tidy, the parsers under ASan+UBSan,
-#               the fuzz smoke, and the arm64 bit-identity tests under qemu)
+#               the fuzz smoke, the arm64 bit-identity tests under qemu, and the wasm
+#               bit-identity tests under node.js)
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
 ARM64_BUILD ?= build-arm64
+WASM_BUILD ?= build-wasm
 FUZZ_SECONDS ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
@@ -14,7 +16,7 @@ BIN        := $(BUILD)/apps/cli/daisychain
 LINT_EXCLUDE ?= scripts/lint-exclude.txt
 TIDY_SCOPE ?= modules
 
-.PHONY: all deps configure build test test-unit test-asan test-arm64 fuzz-build fuzz fuzz-smoke format lint tidy demo bench clean
+.PHONY: all deps configure build test test-unit test-asan test-arm64 test-wasm fuzz-build fuzz fuzz-smoke format lint tidy demo bench clean
 
 all: build
 
@@ -61,6 +63,15 @@ test-arm64: deps
 	@start=$$(date +%s); BUILD_DIR=$(abspath $(ARM64_BUILD)) JOBS=$(JOBS) bash scripts/test-arm64.sh && \
 	  echo "test-arm64: $$(( $$(date +%s) - start )) s in all"
 
+# wasm: the kernels (the SIMD128 backend == scalar, its gate), detmath and forward
+# bit-identity tests (stories260K against x86-64's golden digest) built with Debian's
+# emscripten and run under node.js, and the JS-callable engine (apps/wasm) whose probe hash
+# must equal the native binary's (scripts/test-wasm.sh; incremental build in WASM_BUILD).
+# Prints its build and run time.
+test-wasm: deps
+	@start=$$(date +%s); BUILD_DIR=$(abspath $(WASM_BUILD)) JOBS=$(JOBS) NATIVE_BIN=$(abspath $(BIN)) \
+	  bash scripts/test-wasm.sh && echo "test-wasm: $$(( $$(date +%s) - start )) s in all"
+
 # clang-format in place over the first-party C++ files, but those LINT_EXCLUDE lists
 # (`make format LINT_EXCLUDE=` takes every file).
 format:
@@ -79,7 +90,7 @@ lint: configure
 tidy: configure
 	BUILD=$(BUILD) JOBS=$(JOBS) LINT_EXCLUDE="$(LINT_EXCLUDE)" TIDY_SCOPE="$(TIDY_SCOPE)" bash scripts/lint.sh tidy
 
-test: test-unit tidy test-asan fuzz-smoke test-arm64
+test: test-unit tidy test-asan fuzz-smoke test-arm64 test-wasm
 
 demo: build
 	$(BIN) demo
@@ -88,4 +99,4 @@ bench: build
 	$(BIN) bench
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(ARM64_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(ARM64_BUILD) $(WASM_BUILD)

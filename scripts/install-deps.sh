@@ -21,6 +21,7 @@ PACKAGES=(
   clang-format clang-tidy       # make format, make lint (in make test): .clang-format, .clang-tidy
   tcpdump                       # the loopback capture test
   g++-aarch64-linux-gnu qemu-user  # arm64 tests under qemu (make test-arm64, in make test)
+  emscripten                    # the wasm build and its tests under node (make test-wasm, in make test)
 )
 
 missing=()

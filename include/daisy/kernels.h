@@ -3,7 +3,7 @@
 // int8 x int8 products accumulate exactly in int32, then one fixed sequence of IEEE f32
 // operations (the epilogue) turns each int32 into the output. The backend is chosen at
 // start-up from cpuid + OS support, gated bit-for-bit against the scalar reference, and
-// can be forced with DAISY_KERNELS=scalar|avx2|avx512vnni|neon.
+// can be forced with DAISY_KERNELS=scalar|avx2|avx512vnni|neon|wasm.
 // Thread-safety: MatMul, MatMulQ, AuditCells and ProbeHash are thread-safe; SetBackend and
 // SetThreads must not race with running products.
 #pragma once
@@ -22,7 +22,9 @@ namespace daisy::kernels {
 // The largest reduction length: 127 * 127 * K must stay below 2^31 so int32 cannot overflow.
 inline constexpr int kMaxK = 131071;
 
-enum class Backend : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kNeon = 3 };
+// kWasm: WebAssembly SIMD128, built only into the Emscripten build (the browser node).
+enum class Backend : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kNeon = 3, kWasm = 4 };
+inline constexpr int kBackendCount = 5;
 std::string_view BackendName(Backend backend);
 
 // Symmetric round-half-even quantization of one row of k floats:
@@ -99,8 +101,8 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
 // Returns false when x holds a non-finite value (nothing is written then).
 bool MatMul(const float* x, int m, const QMatrixView& w, float* y);
 
-// Backend selection, done once before the first product: BackendReport() lists all four
-// backends, whether this CPU and OS can run each (cpuid + XGETBV, HWCAP) and whether it
+// Backend selection, done once before the first product: BackendReport() lists every
+// backend, whether this CPU and OS can run each (cpuid + XGETBV, HWCAP, the wasm build) and whether it
 // passed its gate (bit-identical to scalar on seeded shapes: odd K, tails, zeros, extremes);
 // a backend that failed is demoted, with a warning in the log.
 struct BackendStatus {
@@ -131,7 +133,8 @@ Backend ActiveBackend();
 // its gate.
 Status SetBackend(Backend backend);
 // Threads used over output columns (default: all cores), from a persistent pool; each output
-// cell is computed whole by one thread, so the bits do not depend on the count.
+// cell is computed whole by one thread, so the bits do not depend on the count. A wasm build
+// without pthreads (the browser node) always uses 1.
 void SetThreads(int n_threads);
 int Threads();
 

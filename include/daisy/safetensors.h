@@ -147,7 +147,8 @@ using TensorBlockSink = std::function<Status(const TensorBlock& block)>;
 // stay within 1% of the tensors' bytes) and hands them to `sink` block by block as the
 // bytes arrive, tensors in file-offset order. The bytes are read on a thread of their own,
 // up to kPrefetchBytes ahead of the sink, so downloading the next range overlaps
-// converting this one; `sink` and `progress` run on the calling thread. Memory is one read
+// converting this one (a wasm build without threads reads and converts on the calling
+// thread, chunk by chunk); `sink` and `progress` run on the calling thread. Memory is one read
 // chunk, the bytes read ahead, and one block (raw and f32), whatever the size of a tensor
 // or a file: a caller that converts each block to its resident form never holds a whole
 // tensor at any width. The source is used only by the reader thread while this runs. `progress`

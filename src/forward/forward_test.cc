@@ -557,7 +557,7 @@ TEST_P(ForwardBackend, BitIdenticalToScalar) {
 
 INSTANTIATE_TEST_SUITE_P(All, ForwardBackend,
                          ::testing::Values(kernels::Backend::kAvx2, kernels::Backend::kAvx512Vnni,
-                                           kernels::Backend::kNeon),
+                                           kernels::Backend::kNeon, kernels::Backend::kWasm),
                          [](const auto& info) { return std::string(kernels::BackendName(info.param)); });
 
 }  // namespace

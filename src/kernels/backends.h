@@ -1,7 +1,7 @@
 // Internal: the per-backend entry points. Each backend is one translation unit compiled
 // with its own target flags, in its own namespace; dispatch.cc picks one at run time.
 //
-// Rule for the ISA translation units (avx2.cc, avx512vnni.cc, neon.cc): they define only
+// Rule for the ISA translation units (avx2.cc, avx512vnni.cc, neon.cc, wasm_simd128.cc): they define only
 // their one exported entry plus helpers with internal linkage (anonymous namespace), and
 // odr-use no inline function or template from a shared header (no std::vector, std::min,
 // Status...). Otherwise the linker could keep the ISA-flagged copy of a weak symbol and
@@ -35,6 +35,9 @@ constexpr int kMr = 4, kNr = 4, kLanes = 64;  // 16 accumulators + 4 weights + 1
 namespace neon {
 constexpr int kMr = 4, kNr = 4, kLanes = 16;  // 16 accumulators + 4 weights + 1 x in 32 q regs
 }  // namespace neon
+namespace wasm {
+constexpr int kMr = 2, kNr = 4, kLanes = 16;  // 8 accumulators + 4 widened weights: 16 x86 xmm
+}  // namespace wasm
 
 // Computes columns [col_begin, col_end) of y for all m rows (see MatMulQ in kernels.h).
 // Writes exactly y[i * ldy + j] for i < m, col_begin <= j < col_end and nothing else.
@@ -64,6 +67,13 @@ namespace neon {
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
              int col_begin, int col_end);
 }  // namespace neon
+#endif
+
+#if defined(DAISY_KERNELS_WASM)
+namespace wasm {
+void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
+             int col_begin, int col_end);
+}  // namespace wasm
 #endif
 
 // What the CPU and the OS can run (cpu_features.cc; compiled without ISA flags).

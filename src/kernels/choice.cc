@@ -82,7 +82,7 @@ std::string WriteChoiceCache(const std::string& path, const ShapeTimings& timing
   nlohmann::ordered_json sec = nlohmann::ordered_json::object();
   for (int s = 0; s < kProductShapes; ++s) {
     nlohmann::ordered_json row = nlohmann::ordered_json::object();
-    for (int b = 0; b < 4; ++b)
+    for (int b = 0; b < kBackendCount; ++b)
       if (timings[static_cast<size_t>(s)][static_cast<size_t>(b)] > 0)
         row[std::string(BackendName(static_cast<Backend>(b)))] =
             timings[static_cast<size_t>(s)][static_cast<size_t>(b)];

@@ -20,7 +20,7 @@
 namespace daisy::kernels {
 namespace {
 
-constexpr Backend kAll[] = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni, Backend::kNeon};
+constexpr Backend kAll[] = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni, Backend::kNeon, Backend::kWasm};
 constexpr ProductShape kShapes[] = {ProductShape::kGemv, ProductShape::kGemm, ProductShape::kAttention};
 
 std::vector<Backend> Passing() {
@@ -115,6 +115,8 @@ MatMulQFn Corrupting(Backend b) {
       return &CorruptingEntry<Backend::kAvx512Vnni>;
     case Backend::kNeon:
       return &CorruptingEntry<Backend::kNeon>;
+    case Backend::kWasm:
+      return &CorruptingEntry<Backend::kWasm>;
     case Backend::kScalar:
       break;
   }

@@ -89,6 +89,16 @@ std::string CpuSupportProblem(Backend backend) {
       return "not built for this architecture (arm64 only)";
 #endif
     }
+    case Backend::kWasm:
+#if defined(DAISY_KERNELS_WASM)
+      // The engine validated the whole module, SIMD128 instructions included, before
+      // running any of it: being here means it runs them.
+      return "";
+#elif defined(__EMSCRIPTEN__)
+      return "not built into this module (configured with DAISY_WASM_SIMD=OFF)";
+#else
+      return "not built for this architecture (wasm32 with SIMD128 only)";
+#endif
   }
   return "unknown backend";
 }

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +31,8 @@ std::string_view BackendName(Backend backend) {
       return "avx512vnni";
     case Backend::kNeon:
       return "neon";
+    case Backend::kWasm:
+      return "wasm";
   }
   return "unknown";
 }
@@ -48,10 +51,11 @@ std::string_view ProductShapeName(ProductShape shape) {
 
 namespace {
 
-constexpr std::array<Backend, 4> kAllBackends = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni,
-                                                 Backend::kNeon};
+constexpr std::array<Backend, kBackendCount> kAllBackends = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni,
+                                                             Backend::kNeon, Backend::kWasm};
 // Preference when several pass: the widest first.
-constexpr std::array<Backend, 4> kPreference = {Backend::kAvx512Vnni, Backend::kAvx2, Backend::kNeon, Backend::kScalar};
+constexpr std::array<Backend, kBackendCount> kPreference = {Backend::kAvx512Vnni, Backend::kAvx2, Backend::kNeon,
+                                                            Backend::kWasm, Backend::kScalar};
 // Default sampled audit: every 1024th product re-checks one cell (about k multiply-adds per
 // 1024 products: far below 0.1% of the work). DAISY_AUDIT_EVERY overrides (0 = off).
 constexpr int kDefaultAuditEvery = 1024;
@@ -85,7 +89,7 @@ void FaultyEntry(const int8_t* xq, const float* xscale, int m, size_t ldx, const
 
 struct Registry {
   std::mutex mu;  // guards status, the choice's source and timings, and the pool
-  std::array<BackendStatus, 4> status;
+  std::array<BackendStatus, kBackendCount> status;
   // The backend of each ProductShape; read without the lock by every product.
   std::array<std::atomic<uint8_t>, kProductShapes> choice{};
   std::string choice_source;
@@ -101,9 +105,17 @@ struct Registry {
   std::atomic<uint64_t> audited_products{0}, audited_cells{0}, audit_mismatches{0};
 };
 
+// A wasm build without pthreads (tests/wasm, the browser node) cannot start a thread: it
+// computes on the calling thread alone, whatever SetThreads asks.
+#if defined(__EMSCRIPTEN__) && !defined(__EMSCRIPTEN_PTHREADS__)
+constexpr int kMaxThreads = 1;
+#else
+constexpr int kMaxThreads = std::numeric_limits<int>::max();
+#endif
+
 int DefaultThreads() {
   const unsigned hc = std::thread::hardware_concurrency();
-  return hc == 0 ? 1 : static_cast<int>(hc);
+  return hc == 0 ? 1 : std::min(static_cast<int>(hc), kMaxThreads);
 }
 
 // Best backend that is supported and passed its gate (caller holds r.mu).
@@ -217,7 +229,7 @@ void Initialize(Registry& r, const internal::BackendTable& entries) {
       if (BackendName(b) == want) found = &b;
     if (found == nullptr) {
       LogWarning("kernels: DAISY_KERNELS=" + want +
-                 " is not a backend (scalar|avx2|avx512vnni|neon); choosing per product shape");
+                 " is not a backend (scalar|avx2|avx512vnni|neon|wasm); choosing per product shape");
     } else {
       const BackendStatus& s = r.status[static_cast<size_t>(*found)];
       if (!s.supported || !s.gate_passed)
@@ -324,6 +336,10 @@ MatMulQFn EntryFor(Backend backend) {
     case Backend::kNeon:
       return &neon::MatMulQ;
 #endif
+#if defined(DAISY_KERNELS_WASM)
+    case Backend::kWasm:
+      return &wasm::MatMulQ;
+#endif
     default:
       return nullptr;
   }
@@ -341,6 +357,8 @@ MatMulQFn LiveEntryFor(Backend backend) {
         return &FaultyEntry<Backend::kAvx512Vnni>;
       case Backend::kNeon:
         return &FaultyEntry<Backend::kNeon>;
+      case Backend::kWasm:
+        return &FaultyEntry<Backend::kWasm>;
     }
   }
   return EntryFor(backend);
@@ -439,7 +457,7 @@ Status SetBackend(Backend backend) {
 
 void SetThreads(int n_threads) {
   Registry& r = Reg();
-  r.threads.store(n_threads < 1 ? 1 : n_threads);
+  r.threads.store(std::clamp(n_threads, 1, kMaxThreads));
   std::lock_guard<std::mutex> lock(r.mu);
   r.pool.reset();  // rebuilt at the next product with the new size
 }

@@ -19,7 +19,8 @@
 namespace daisy::kernels {
 namespace {
 
-constexpr Backend kBackends[] = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni, Backend::kNeon};
+constexpr Backend kBackends[] = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni, Backend::kNeon,
+                                 Backend::kWasm};
 
 // The blocking a unit declares in backends.h (none for scalar: the naive reference).
 struct Geometry {
@@ -33,6 +34,8 @@ std::optional<Geometry> GeometryOf(Backend b) {
       return Geometry{avx512vnni::kMr, avx512vnni::kNr, avx512vnni::kLanes};
     case Backend::kNeon:
       return Geometry{neon::kMr, neon::kNr, neon::kLanes};
+    case Backend::kWasm:
+      return Geometry{wasm::kMr, wasm::kNr, wasm::kLanes};
     case Backend::kScalar:
       break;
   }
@@ -167,6 +170,8 @@ MatMulQFn InjectedEntry(Backend b, Bug bug) {
       return InjectedFor<Backend::kAvx512Vnni>(bug);
     case Backend::kNeon:
       return InjectedFor<Backend::kNeon>(bug);
+    case Backend::kWasm:
+      return InjectedFor<Backend::kWasm>(bug);
     case Backend::kScalar:
       break;
   }

@@ -28,7 +28,7 @@ void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size
 // where a backend is not built. The start-up uses LiveEntries(); tests pass a table with a
 // deliberately broken wrapper to Reinitialize(entries) to prove the gate demotes it, so no
 // injection code sits in the product path.
-using BackendTable = std::array<MatMulQFn, 4>;
+using BackendTable = std::array<MatMulQFn, kBackendCount>;
 BackendTable LiveEntries();
 
 // Checks `fn` bit-for-bit against the scalar reference on the seeded gate shapes (gates.cc).
@@ -59,7 +59,7 @@ std::span<const GateShape> GateShapes();
 // ---- Per-shape backend choice (dispatch.cc, choice.cc, throughput.cc) ----
 // Seconds per product of each shape (ProductShape) through each backend (Backend); 0 where
 // not measured.
-using ShapeTimings = std::array<std::array<double, 4>, kProductShapes>;
+using ShapeTimings = std::array<std::array<double, kBackendCount>, kProductShapes>;
 // Times every backend in `backends` (entries from `entries`) on one product of each shape,
 // on the calling thread alone: the best of a few runs after a warm-up.
 ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend> backends);

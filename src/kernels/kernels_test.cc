@@ -37,7 +37,8 @@ namespace {
 constexpr uint32_t kPoison = 0x7FC0DEADu;  // a NaN no product can produce from finite inputs
 constexpr size_t kGuard = 32;              // poisoned floats after every output buffer
 
-constexpr Backend kBackends[] = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni, Backend::kNeon};
+constexpr Backend kBackends[] = {Backend::kScalar, Backend::kAvx2, Backend::kAvx512Vnni, Backend::kNeon,
+                                 Backend::kWasm};
 
 uint64_t Mix(uint64_t x) {
   return internal::SplitMix64(x);
@@ -421,6 +422,7 @@ TEST(KernelsTest, ThreadPoolIsExactUnderStress) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+#if GTEST_HAS_DEATH_TEST  // fork(): none in the wasm build (tests/wasm)
 TEST(KernelsTest, ProductsWorkInAForkedChild) {
   // A process that forks after the pool exists (its workers do not survive fork) must still
   // compute, not wait forever for them.
@@ -439,6 +441,7 @@ TEST(KernelsTest, ProductsWorkInAForkedChild) {
       },
       ::testing::ExitedWithCode(0), "");
 }
+#endif
 
 TEST(KernelsTest, ReportListsEveryBackendAndActiveOnePasses) {
   const auto report = BackendReport();
@@ -453,8 +456,13 @@ TEST(KernelsTest, ReportListsEveryBackendAndActiveOnePasses) {
     }
 #if defined(__x86_64__)
   EXPECT_FALSE(StatusOf(Backend::kNeon).supported);
+  EXPECT_FALSE(StatusOf(Backend::kWasm).supported);
 #elif defined(__aarch64__)
   EXPECT_FALSE(StatusOf(Backend::kAvx2).supported);
+  EXPECT_FALSE(StatusOf(Backend::kWasm).supported);
+#elif defined(__EMSCRIPTEN__)
+  EXPECT_FALSE(StatusOf(Backend::kAvx2).supported);
+  EXPECT_FALSE(StatusOf(Backend::kNeon).supported);
 #endif
 }
 
@@ -647,6 +655,7 @@ TEST(KernelsTest, KAboveLimitIsRefused) {
   EXPECT_NE(w.status().message().find("131072"), std::string::npos);
   EXPECT_TRUE(QuantizeMatrix(std::vector<float>(static_cast<size_t>(kMaxK), 0.5f), 1, kMaxK, {}, "ok").ok());
 
+#if GTEST_HAS_DEATH_TEST  // fork(): none in the wasm build (tests/wasm)
   // MatMulQ cannot be handed such a k silently: it is a bug and aborts with "Bug:". One
   // thread (no pool workers), so the fork()-based death test is safe, also under qemu-user.
   KernelsStateGuard guard;
@@ -656,6 +665,7 @@ TEST(KernelsTest, KAboveLimitIsRefused) {
   float y = 0.0f;
   const QMatrixView v{q.data(), nullptr, nullptr, 1, kMaxK + 1, static_cast<size_t>(kMaxK + 1)};
   EXPECT_DEATH(MatMulQ(x.data(), &xs, 1, static_cast<size_t>(kMaxK + 1), v, &y, 1), "Bug: MatMulQ");
+#endif
 }
 
 TEST(KernelsTest, ThroughputAndCapacityAreMeasured) {

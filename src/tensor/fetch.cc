@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -33,6 +34,14 @@ std::vector<ByteRange> CoalesceRanges(std::vector<ByteRange> ranges, uint64_t ma
 }
 
 namespace {
+
+// Whether FetchTensorBlocks reads ahead on a thread of its own: not in a wasm build without
+// pthreads (tests/wasm, the browser node), which cannot start one.
+#if defined(__EMSCRIPTEN__) && !defined(__EMSCRIPTEN_PTHREADS__)
+constexpr bool kReadOnAThread = false;
+#else
+constexpr bool kReadOnAThread = true;
+#endif
 
 // Collects the bytes of one tensor into blocks of whole rows and hands each block on,
 // widened to f32. Its two buffers are reused from block to block and tensor to tensor, so
@@ -217,57 +226,20 @@ Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const st
   };
   report(0);
 
-  // The download runs one range ahead of the conversion: a thread reads the plan's ranges
-  // into a bounded pipe while this thread turns blocks into their resident form, so a load
-  // takes about max(download, conversion) instead of their sum. The sink and progress are
-  // called on this thread only.
-  PrefetchPipe pipe(kPrefetchBytes);
-  std::thread reader([&] {
-    std::map<std::string, std::unique_ptr<ByteSource>> open;
-    for (size_t ri = 0; ri < plan.size(); ++ri) {
-      const ByteRange& r = plan[ri];
-      auto& file = open[r.file];
-      if (!file) {
-        auto opened = source.OpenFile(r.file);
-        if (!opened.ok()) return pipe.Finish(opened.status());
-        file = std::move(*opened);
-      }
-      Status st =
-          file->ReadStream(r.offset, r.length, [&](std::span<const uint8_t> chunk) { return pipe.Push(ri, chunk); });
-      if (!st.ok()) {
-        return pipe.Finish(st.WithContext("fetching " + r.file + " bytes " + std::to_string(r.offset) + ".." +
-                                          std::to_string(r.offset + r.length)));
-      }
-    }
-    pipe.Finish(Status::Ok());
-  });
-  // Whatever happens below, the reader is stopped and joined before returning.
-  struct JoinReader {
-    PrefetchPipe& pipe;
-    std::thread& reader;
-    ~JoinReader() {
-      pipe.Cancel();
-      reader.join();
-    }
-  } join_reader{pipe, reader};
-
   BlockAssembler blocks(sink);
   size_t next = 0;                                   // next tensor (in infos order) to complete
   bool started = false;                              // whether infos[next]'s first byte has been taken
   uint64_t range_base = 0;                           // bytes of the plan before the current range
   size_t ri = 0;                                     // the range the next chunk belongs to
   uint64_t pos = plan.empty() ? 0 : plan[0].offset;  // absolute file offset of the next byte to arrive
-  PrefetchPipe::Chunk piece;
-  while (true) {
-    DAISY_ASSIGN_OR_RETURN(const bool more, pipe.Pop(piece));
-    if (!more) break;
-    while (ri < piece.range) {  // the reader moved on: ranges are delivered whole and in order
+  // Turns the next chunk of the plan (bytes of range `range`, in order) into blocks.
+  auto consume = [&](size_t range, std::span<const uint8_t> chunk) -> Status {
+    while (ri < range) {  // the reader moved on: ranges are delivered whole and in order
       range_base += plan[ri].length;
       ++ri;
       pos = plan[ri].offset;
     }
     const ByteRange& r = plan[ri];
-    const std::span<const uint8_t> chunk(piece.bytes);
     size_t used = 0;
     while (used < chunk.size()) {
       if (next >= infos.size() || infos[next]->file != r.file || infos[next]->offset >= r.offset + r.length) {
@@ -297,7 +269,60 @@ Status FetchTensorBlocks(ModelSource& source, const TensorIndex& index, const st
     }
     pos += chunk.size();
     report(range_base + (pos - r.offset));
-    pipe.Recycle(std::move(piece));
+    return Status::Ok();
+  };
+  // Reads the plan's ranges in order, handing every chunk to `deliver`; a failed read is
+  // named by its file and bytes, a failed `deliver` is returned as it is.
+  auto read_plan = [&](const std::function<Status(size_t, std::span<const uint8_t>)>& deliver) -> Status {
+    std::map<std::string, std::unique_ptr<ByteSource>> open;
+    for (size_t rj = 0; rj < plan.size(); ++rj) {
+      const ByteRange& r = plan[rj];
+      auto& file = open[r.file];
+      if (!file) {
+        auto opened = source.OpenFile(r.file);
+        if (!opened.ok()) return opened.status();
+        file = std::move(*opened);
+      }
+      Status delivered;
+      Status st = file->ReadStream(r.offset, r.length, [&](std::span<const uint8_t> chunk) {
+        delivered = deliver(rj, chunk);
+        return delivered;
+      });
+      if (!delivered.ok()) return delivered;
+      if (!st.ok()) {
+        return st.WithContext("fetching " + r.file + " bytes " + std::to_string(r.offset) + ".." +
+                              std::to_string(r.offset + r.length));
+      }
+    }
+    return Status::Ok();
+  };
+
+  if (!kReadOnAThread) {
+    // No threads (a wasm build without pthreads): each chunk is converted as it is read.
+    DAISY_RETURN_IF_ERROR(read_plan(consume));
+  } else {
+    // The download runs one range ahead of the conversion: a thread reads the plan's ranges
+    // into a bounded pipe while this thread turns blocks into their resident form, so a load
+    // takes about max(download, conversion) instead of their sum. The sink and progress are
+    // called on this thread only.
+    PrefetchPipe pipe(kPrefetchBytes);
+    std::thread reader([&] { pipe.Finish(read_plan([&](size_t rj, auto chunk) { return pipe.Push(rj, chunk); })); });
+    // Whatever happens below, the reader is stopped and joined before returning.
+    struct JoinReader {
+      PrefetchPipe& pipe;
+      std::thread& reader;
+      ~JoinReader() {
+        pipe.Cancel();
+        reader.join();
+      }
+    } join_reader{pipe, reader};
+    PrefetchPipe::Chunk piece;
+    while (true) {
+      DAISY_ASSIGN_OR_RETURN(const bool more, pipe.Pop(piece));
+      if (!more) break;
+      DAISY_RETURN_IF_ERROR(consume(piece.range, piece.bytes));
+      pipe.Recycle(std::move(piece));
+    }
   }
   // Zero-byte tensors not covered by any range.
   while (next < infos.size()) {
