@@ -56,7 +56,8 @@ ROOT=$(cd "$HERE/.." && pwd)
 result() { grep '^RESULT' | tail -n 1 | cut -d' ' -f2-; }
 value() { tr ' ' '\n' | grep "^$1=" | cut -d= -f2; }
 lookahead_cells() {  # model -> "code xA, list xB, story xC" (root only)
-  if [ "${SKIP_LOOKAHEAD:-0}" = 1 ] || [ "$(id -u)" != 0 ]; then echo "not run (needs root)"; return; fi
+  if [ "${SKIP_LOOKAHEAD:-0}" = 1 ]; then echo "not run (SKIP_LOOKAHEAD)"; return; fi
+  if [ "$(id -u)" != 0 ]; then echo "not run (needs root)"; return; fi
   local r
   r=$(BIN=$BIN bash "$HERE/lookahead_bench.sh" "$1" 64 "$REPEAT" 4 2 2>/dev/null | result) || { echo "failed"; return; }
   echo "code x$(echo "$r" | value gain_code), list x$(echo "$r" | value gain_list), story x$(echo "$r" | value gain_story)"
