@@ -198,8 +198,11 @@ TEST_F(Random30, WeightsAreAboutOneBytePerParameter) {
   for (int l = 3; l < 9; ++l)
     for (const auto& name : LayerTensorNames(model_->info->spec, l))
       params += model_->info->index.Find(name)->Elements();
-  // int8 plus one f32 scale per 64-wide row (1/16 byte per parameter) and f32 norms.
-  EXPECT_LE(static_cast<double>(w->Bytes()), 1.15 * static_cast<double>(params));
+  // int8 plus one f32 scale per 64-wide row (1/16 byte per parameter) and f32 norms, per
+  // term: this 64-wide model is narrow (model.h NarrowModel), so its matrices hold two.
+  ASSERT_TRUE(NarrowModel(model_->info->spec));
+  EXPECT_GE(static_cast<double>(w->Bytes()), 2.0 * static_cast<double>(params));
+  EXPECT_LE(static_cast<double>(w->Bytes()), 2.25 * static_cast<double>(params));
   // The head keeps the BF16 embedding at 2 bytes for exact lookups, beside the int8 copy.
   auto h = StageWeights::Load(*model_->source, *model_->info, 0, 0, true);
   ASSERT_TRUE(h.ok());
