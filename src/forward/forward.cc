@@ -44,33 +44,45 @@ void Norm(const ModelSpec& spec, const float* x, const std::vector<float>& w, co
     ops::RmsNorm(x, w.data(), spec.hidden, spec.norm_eps, out);
 }
 
-// y (m, w.n) = x (m, w.k) . w^T with each row of x as two int8 terms (kernels::QuantizeRowTwoTerms):
-// both terms go through the same verified product as one stacked batch of 2m rows (the
-// weights are read once), without the bias, and are combined per output in one fixed
-// order: y = (y1 + y2) + bias. Every step is per row, so batching changes nothing. False
-// on a non-finite input (nothing is written then).
-bool MatMulTwoTerm(const float* x, int m, const QMatrixView& w, float* y) {
+// y (m, w.n) = x (m, w.k) . w^T with each row of x as `x_terms` int8 terms (1: QuantizeRow;
+// 2: kernels::QuantizeRowTwoTerms) against each of w's terms (one, or two for a narrow
+// model, model.h NarrowModel). x is quantized once; for each weight term, every x term goes
+// through the same verified product as one stacked batch of x_terms * m rows (the weights
+// are read once per term), without the bias, and each output is combined in one fixed
+// order: y = ((x1.w1 + x2.w1) + (x1.w2 + x2.w2)) + bias, absent terms left out. Every step
+// is per row, so batching changes nothing. False on a non-finite input (nothing is written).
+bool MatMulTerms(const float* x, int m, int x_terms, const kernels::QuantizedMatrix& w, float* y) {
   // Reused per thread, as in kernels::MatMul: decode calls this for every product.
   thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> xs, r, y2;
+  thread_local std::vector<float> xs, r, yw[2];
   const size_t k = static_cast<size_t>(w.k), mm = static_cast<size_t>(m), n = static_cast<size_t>(w.n);
-  xq.resize(2 * mm * k);
-  xs.resize(2 * mm);
+  const size_t rows = static_cast<size_t>(x_terms) * mm;
+  xq.resize(rows * k);
+  xs.resize(rows);
   r.resize(k);
-  y2.resize(2 * mm * n);
-  for (size_t i = 0; i < mm; ++i)
-    if (!kernels::QuantizeRowTwoTerms(x + i * k, w.k, &xq[i * k], &xs[i], &xq[(mm + i) * k], &xs[mm + i], r.data()))
-      return false;
-  QMatrixView nobias = w;
-  nobias.bias = nullptr;
-  // Decode's row is still a GEMV in kind (its two terms are two rows): the backend chosen
-  // for GEMVs runs it. The bits are the same whichever runs it.
-  kernels::MatMulQ(xq.data(), xs.data(), 2 * m, k, nobias, y2.data(), n,
-                   m == 1 ? kernels::ProductShape::kGemv : kernels::ProductShape::kGemm);
+  for (size_t i = 0; i < mm; ++i) {
+    const bool ok = x_terms == 2 ? kernels::QuantizeRowTwoTerms(x + i * k, w.k, &xq[i * k], &xs[i], &xq[(mm + i) * k],
+                                                                &xs[mm + i], r.data())
+                                 : kernels::QuantizeRow(x + i * k, w.k, &xq[i * k], &xs[i]);
+    if (!ok) return false;
+  }
+  const int w_terms = w.two_terms() ? 2 : 1;
+  for (int t = 0; t < w_terms; ++t) {
+    QMatrixView v = t == 0 ? w.View() : w.ResidualView();
+    v.bias = nullptr;
+    yw[t].resize(rows * n);
+    // Decode's row is still a GEMV in kind (its terms are more rows): the backend chosen
+    // for GEMVs runs it. The bits are the same whichever runs it.
+    kernels::MatMulQ(xq.data(), xs.data(), static_cast<int>(rows), k, v, yw[t].data(), n,
+                     m == 1 ? kernels::ProductShape::kGemv : kernels::ProductShape::kGemm);
+  }
   for (size_t i = 0; i < mm; ++i)
     for (size_t j = 0; j < n; ++j) {
-      float v = y2[i * n + j] + y2[(mm + i) * n + j];
-      if (w.bias) v = v + w.bias[j];
+      float per_term[2];
+      for (int t = 0; t < w_terms; ++t)
+        per_term[t] = x_terms == 2 ? yw[t][i * n + j] + yw[t][(mm + i) * n + j] : yw[t][i * n + j];
+      float v = w_terms == 2 ? per_term[0] + per_term[1] : per_term[0];
+      if (!w.bias.empty()) v = v + w.bias[j];
       y[i * n + j] = v;
     }
   return true;
@@ -79,29 +91,14 @@ bool MatMulTwoTerm(const float* x, int m, const QMatrixView& w, float* y) {
 // Every projection, MLP and LM-head product of the forward pass goes through here: the one
 // place that says how an activation row enters a product (docs/KERNELS.md, "Activations:
 // one int8 term or two"). Rows of at most kTwoTermMaxK values enter as two int8 terms;
-// wider rows as one (kernels::MatMul). A function of the product's shape only, so every
-// device and every split makes the same choice.
+// wider rows as one. A function of the product's shape only, so every device and every
+// split makes the same choice. A wide row against a one-term matrix (every wide model's
+// case) is kernels::MatMul, which quantizes the rows across the pool.
 constexpr int kTwoTermMaxK = 256;
-bool ProductOfTerm(const float* x, int m, const QMatrixView& w, float* y) {
-  return w.k <= kTwoTermMaxK ? MatMulTwoTerm(x, m, w, y) : kernels::MatMul(x, m, w, y);
-}
-// A two-term weight matrix (a narrow model's, model.h NarrowModel) is two products of the
-// same input, combined per output in one fixed order: y = (y_first + y_second) + bias.
 bool Product(const float* x, int m, const kernels::QuantizedMatrix& w, float* y) {
-  if (!w.two_terms()) return ProductOfTerm(x, m, w.View(), y);
-  QMatrixView first = w.View();
-  first.bias = nullptr;
-  thread_local std::vector<float> second;  // reused: decode calls this for every product
-  second.resize(static_cast<size_t>(m) * static_cast<size_t>(w.n));
-  if (!ProductOfTerm(x, m, first, y) || !ProductOfTerm(x, m, w.ResidualView(), second.data())) return false;
-  const size_t n = static_cast<size_t>(w.n);
-  for (size_t i = 0; i < static_cast<size_t>(m); ++i)
-    for (size_t j = 0; j < n; ++j) {
-      float v = y[i * n + j] + second[i * n + j];
-      if (!w.bias.empty()) v = v + w.bias[j];
-      y[i * n + j] = v;
-    }
-  return true;
+  const int x_terms = w.k <= kTwoTermMaxK ? 2 : 1;
+  if (x_terms == 1 && !w.two_terms()) return kernels::MatMul(x, m, w.View(), y);
+  return MatMulTerms(x, m, x_terms, w, y);
 }
 
 // Query rows attended together: bounds the score buffer to kQueryBlock * group * ctx.

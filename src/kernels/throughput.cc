@@ -76,8 +76,7 @@ ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend>
   std::vector<int8_t> vt(static_cast<size_t>(64) * 4096);
   FillQ(vt, 3);
   const QMatrixView pv_view{vt.data(), nullptr, nullptr, 64, 512, 4096};
-  ShapeTimings t{};
-  for (auto& row : t) row.fill(1e30);
+  ShapeTimings t{};  // 0: not measured (yet)
   // Rounds of every backend on every shape in turn, best of the rounds after a warm-up: on a
   // shared machine a burst of other work then slows one round of every backend, not every
   // round of one backend (which once made scalar look fastest for the GEMV).
@@ -99,13 +98,10 @@ ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend>
       if (round == 0) continue;  // warm-up
       for (int sh = 0; sh < kProductShapes; ++sh) {
         double& best = t[static_cast<size_t>(sh)][static_cast<size_t>(b)];
-        best = std::min(best, times[sh]);
+        if (best == 0 || times[sh] < best) best = times[sh];
       }
     }
   }
-  for (auto& row : t)
-    for (double& v : row)
-      if (v == 1e30) v = 0;  // not measured
   return t;
 }
 
