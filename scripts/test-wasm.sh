@@ -38,6 +38,7 @@ start=$SECONDS
 emcmake cmake -S "$root/tests/wasm" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
 cmake --build "$build" -j"${JOBS:-2}"
 built=$SECONDS
+if [[ -n "${BUILD_ONLY:-}" ]]; then echo "test-wasm: built in $((built - start)) s (BUILD_ONLY: not run)"; exit 0; fi
 
 # Excluded: the tests of the thread pool and of thread counts. This build has no pthreads
 # (a page served over plain HTTP on a LAN cannot have SharedArrayBuffer, so the browser
