@@ -267,6 +267,18 @@ TEST_F(LinkTest, ATabAndANativeMemberExchangeBoxedEnvelopesThroughTheRelay) {
   EXPECT_EQ(std::memcmp(act->values.data(), down.data(), down.size() * 4), 0);
 
   ASSERT_TRUE(link->SendEnvelope(member.keys().public_key, wire::Message(ActivationOf(up))).ok());
+  // What the relay saw of both envelopes (it sees the one up before the member opens it).
+  const auto seen_by = Clock::now() + std::chrono::seconds(10);
+  while (Seen().size() < 2 && Clock::now() < seen_by) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto seen = Seen();
+  ASSERT_GE(seen.size(), 2u) << "the relay forwarded nothing: the frames did not go through it";
+  for (const auto* payload : {&down, &up}) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(payload->data());
+    for (size_t at = 0; at + 16 <= payload->size() * 4; at += 4)
+      for (const auto& frame : seen)
+        EXPECT_FALSE(Holds(frame, bytes + at, 16))
+            << "payload bytes [" << at << ", " << at + 16 << ") are in a frame the relay saw";
+  }
   auto back = Next(member, 5000);
   ASSERT_TRUE(back && back->message.ok()) << "the member got nothing from the tab";
   const auto peers = member.Peers();
@@ -278,16 +290,6 @@ TEST_F(LinkTest, ATabAndANativeMemberExchangeBoxedEnvelopesThroughTheRelay) {
   ASSERT_NE(act_back, nullptr);
   ASSERT_EQ(act_back->values.size(), up.size());
   EXPECT_EQ(std::memcmp(act_back->values.data(), up.data(), up.size() * 4), 0);
-
-  const auto seen = Seen();
-  ASSERT_GE(seen.size(), 2u) << "the relay forwarded nothing: the frames did not go through it";
-  for (const auto* payload : {&down, &up}) {
-    const auto* bytes = reinterpret_cast<const uint8_t*>(payload->data());
-    for (size_t at = 0; at + 16 <= payload->size() * 4; at += 4)
-      for (const auto& frame : seen)
-        EXPECT_FALSE(Holds(frame, bytes + at, 16))
-            << "payload bytes [" << at << ", " << at + 16 << ") are in a frame the relay saw";
-  }
 }
 
 // The handshake's refusals: another challenge than serve's, a box with one byte flipped.
