@@ -309,7 +309,8 @@ TEST_F(LinkTest, AWrongChallengeOrABoxThatDoesNotOpenEndsTheHandshake) {
   EXPECT_TRUE(Link(k) != nullptr) << "the key itself is fine";
 }
 
-// After the handshake: a tampered envelope and a replayed one are 4002, a text message 1003.
+// After the handshake: a tampered envelope and a replayed one are 4002, a text message 1003;
+// before it, a message larger than a handshake 1009.
 TEST_F(LinkTest, ATamperedOrReplayedEnvelopeOrATextMessageClosesTheLink) {
   Start();
   const net::KeyPair k = ApprovedTab();
@@ -330,6 +331,18 @@ TEST_F(LinkTest, ATamperedOrReplayedEnvelopeOrATextMessageClosesTheLink) {
     ASSERT_TRUE(link->SendRaw(again).ok());
     EXPECT_EQ(AwaitClose(*link), 4002) << "replayed: " << link->close_reason();
     EXPECT_NE(link->close_reason().find("replay"), std::string::npos) << link->close_reason();
+  }
+  {
+    // Before the handshake a link is anyone's: a message longer than a handshake is refused.
+    auto link = LinkClient::Open("127.0.0.1", port());
+    ASSERT_TRUE(link.ok()) << link.status().message();
+    auto hello = (*link)->ReceiveRaw(5000);
+    ASSERT_TRUE(hello.ok() && hello->has_value());
+    EXPECT_EQ((*hello)->size(), 77u) << "DCL1, version, key, challenge";
+    ASSERT_TRUE((*link)->SendRaw(std::vector<uint8_t>(2000, 0)).ok());
+    Status st;
+    for (int i = 0; i < 100 && st.ok(); ++i) st = (*link)->ReceiveRaw(100).status();
+    EXPECT_EQ((*link)->close_code(), 1009) << st.message();
   }
   {
     auto link = Link(k);

@@ -72,6 +72,8 @@ class FrameReader {
   explicit FrameReader(size_t max_message, bool expect_masked = true)
       : max_message_(max_message), expect_masked_(expect_masked) {}
   void Feed(std::span<const uint8_t> bytes);
+  // A new limit for the messages that follow (a link takes only a small handshake first).
+  void set_max_message(size_t max_message) { max_message_ = max_message; }
   std::optional<Event> Next();
 
  private:
