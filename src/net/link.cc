@@ -35,6 +35,9 @@ constexpr size_t kMaxRequestHead = 8192;       // an upgrade request is a few hu
 constexpr size_t kMaxQueuedBytes = 64u << 20;  // frames for a tab it has not taken yet
 constexpr int kSpareThreads = 8;               // connections over max_links told 1013, not just dropped
 constexpr double kCloseGraceS = 1.0;           // after our close frame, how long the tab may take to close
+// Before its handshake a link is anyone's: it may send no more than the handshake needs
+// (about 170 bytes), so unproven connections cannot make serve hold large messages.
+constexpr size_t kMaxHandshakeMessage = 1024;
 
 Clock::duration Seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -137,7 +140,7 @@ namespace {
 class Link {
  public:
   Link(LinkServer::Impl& server, int fd, uint64_t id)
-      : s_(server), fd_(fd), id_(id), reader_(kLinkMaxMessage), boxes_(server.keys) {}
+      : s_(server), fd_(fd), id_(id), reader_(kMaxHandshakeMessage), boxes_(server.keys) {}
 
   // Runs the link from the 101 answer until it ends. `early`: bytes read past the request head.
   void Run(std::span<const uint8_t> early);
@@ -243,6 +246,7 @@ void Link::Handshake(const std::vector<uint8_t>& m) {
   if (!reply.ok()) return CloseWith(LinkClose::kBadHandshake, reply.status().message());
   Queue(ws::Opcode::kBinary, wire::Encode(wire::Message(*reply)));
   tab_key_ = key;
+  reader_.set_max_message(kLinkMaxMessage);
   std::shared_ptr<Inbox> older;
   {
     std::lock_guard<std::mutex> lock(s_.mu);
