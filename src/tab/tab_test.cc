@@ -206,6 +206,26 @@ struct TabRing : ::testing::Test {
   }
 };
 
+// stories260K split in two: the head `h` first, the tab second.
+wire::Assignment Assignment(const FakeHead& h, const std::string& tab_id) {
+  auto src = OpenLocalFolder(Stories());
+  EXPECT_TRUE(src.ok());
+  auto info = LoadModelInfo(**src);
+  EXPECT_TRUE(info.ok());
+  const int n = info->spec.n_layers, split = n / 2;
+  wire::Assignment a;
+  a.turn = 7;
+  a.model_id = Stories();
+  a.revision = "local";
+  a.spec_hash = SpecHash(info->spec);
+  a.model_hash = ModelHashOf(**src, info->index);
+  a.ctx = 64;
+  a.stages = {{h.id, h.address, 0, split}, {tab_id, "relay://" + tab_id, split, n}};
+  a.your_stage = 1;
+  a.cache_key = 1;
+  return a;
+}
+
 TEST_F(TabRing, JoinsHoldsLayersAndRunsAHopBitForBit) {
   Link();
   auto src = OpenLocalFolder(Stories());
@@ -214,16 +234,7 @@ TEST_F(TabRing, JoinsHoldsLayersAndRunsAHopBitForBit) {
   ASSERT_TRUE(info.ok());
   const int n = info->spec.n_layers, split = n / 2;
   ASSERT_GE(n, 2);
-  wire::Assignment a;
-  a.turn = 7;
-  a.model_id = Stories();
-  a.revision = "local";
-  a.spec_hash = SpecHash(info->spec);
-  a.model_hash = ModelHashOf(**src, info->index);
-  a.ctx = 64;
-  a.stages = {{head.id, head.address, 0, split}, {serve.tab_id, "relay://" + serve.tab_id, split, n}};
-  a.your_stage = 1;
-  a.cache_key = 1;
+  const wire::Assignment a = Assignment(head, serve.tab_id);
   FromHead(wire::Message(a));
   EXPECT_EQ(opened, 1);
   auto to_head = ToHead();
@@ -274,16 +285,17 @@ TEST_F(TabRing, DropsWhatNoOneMaySendAndRefusesAReplayedLink) {
   Link();
   // An assignment from a key the room does not list as its stage 0 is dropped unopened.
   FakeHead stranger;
-  wire::Assignment a;
-  a.model_id = Stories();
-  a.stages = {{stranger.id, stranger.address, 0, 1}, {serve.tab_id, "relay://" + serve.tab_id, 1, 2}};
-  a.your_stage = 1;
+  const wire::Assignment a = Assignment(stranger, serve.tab_id);
   auto env = head.boxes.Seal(serve.tab_key, wire::Encode(wire::Message(a)));
   ASSERT_TRUE(env.ok());
   const Bytes message = serve.Down(wire::Message(*env));
   ASSERT_TRUE(tab->Receive(message).ok());
   EXPECT_EQ(opened, 0);
   EXPECT_TRUE(ToHead().empty());
+  EXPECT_FALSE(tab->stage().holds_layers());
+  bool logged = false;
+  for (const auto& e : tab->TakeEvents()) logged = logged || e.find("it has no business sending") != std::string::npos;
+  EXPECT_TRUE(logged);
   // The same link message again: the link refuses it (the page closes the link).
   EXPECT_EQ(tab->Receive(message).code(), ErrorCode::kPermissionDenied);
 }

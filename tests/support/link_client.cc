@@ -275,6 +275,13 @@ Result<std::optional<wire::Message>> LinkClient::Receive(int timeout_ms) {
   return std::optional<wire::Message>(std::move(m));
 }
 
+Result<std::optional<std::vector<uint8_t>>> LinkClient::ReceiveRaw(int timeout_ms) {
+  DAISY_ASSIGN_OR_RETURN(auto f, ReadMessage(timeout_ms));
+  if (!f) return std::optional<std::vector<uint8_t>>();
+  if (f->opcode != 0x2) return DataLoss("link client: serve sent a text message");
+  return std::optional<std::vector<uint8_t>>(std::move(f->payload));
+}
+
 Result<wire::Message> LinkClient::OpenEnvelope(const std::string& member_public, const wire::Relay& envelope) {
   if (!boxes_) return FailedPrecondition("link client: no handshake yet");
   DAISY_ASSIGN_OR_RETURN(auto inner, boxes_->Open(member_public, envelope));

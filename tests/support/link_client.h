@@ -67,6 +67,9 @@ class LinkClient {
   Result<std::vector<uint8_t>> SealForServe(std::span<const uint8_t> frame);
   Status SendRaw(std::span<const uint8_t> payload, bool text = false);
   const std::vector<uint8_t>& last_sent() const { return last_sent_; }
+  // The next binary message from serve as it came (pings answered meanwhile), for a tab
+  // that does its own handshake and envelopes (tab::TabMember); nullopt after timeout_ms.
+  Result<std::optional<std::vector<uint8_t>>> ReceiveRaw(int timeout_ms);
 
   void set_answer_pings(bool on) { options_.answer_pings = on; }
   int pings_seen() const { return pings_seen_; }
