@@ -33,9 +33,9 @@ EM_JS(int, daisy_xhr_get, (const char* url, const char* token, double first, dou
     return 0;
   }
   const range = xhr.getResponseHeader('Content-Range');
-  if (range) {
-    const m = /\/(\d+)\s*$/.exec(range);
-    if (m) HEAPF64[total >> 3] = Number(m[1]);
+  if (range && range.lastIndexOf('/') >= 0) {
+    const n = Number(range.substring(range.lastIndexOf('/') + 1).trim());
+    if (Number.isFinite(n)) HEAPF64[total >> 3] = n;
   }
   const body = xhr.response ? new Uint8Array(xhr.response) : new Uint8Array(0);
   const p = _malloc(Math.max(1, body.length));

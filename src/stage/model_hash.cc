@@ -1,5 +1,8 @@
 // What every member of a ring must agree on: the spec's hash and the model load's hash, and
 // what the plan counts for a model.
+#if defined(DAISY_XXHASH_INLINE)
+#define XXH_INLINE_ALL  // the wasm build, which has no libxxhash
+#endif
 #include <xxhash.h>
 
 #include <cstdio>
