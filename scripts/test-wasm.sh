@@ -12,7 +12,9 @@
 #     stories260K's logits on wasm and scalar;
 #   - crypt (our libsodium/Z85 subset, src/crypt): RFC vectors and libsodium's golden digest;
 #   - the engine's exported C API from JavaScript (tests/wasm/engine_test.mjs), the tab's
-#     key pair and fingerprints included.
+#     key pair and fingerprints included;
+#   - the browser tab's ring member (src/tab): its link handshake against serve's side and a
+#     hop through it bit for bit (tab_test), and its JS API (tests/wasm/tab_api_test.mjs).
 # `make test-wasm` runs it, and `make test` runs that. See docs/KERNELS.md, "wasm".
 #   needs: scripts/install-deps.sh (emscripten; node.js 20)
 #   env:   BUILD_DIR (default build-wasm, incremental), JOBS (default 2),
@@ -95,4 +97,11 @@ if [[ -n "${NATIVE_BIN:-}" && -x "${NATIVE_BIN}" ]]; then
 fi
 echo "== tests/wasm/engine_test.mjs under node"
 timeout 600 node "$root/tests/wasm/engine_test.mjs" "$build"
+# The browser tab's member: the link's handshake, a hop through it equal to the same layers
+# run alone, and its JavaScript API (probe hash as the native one).
+out=$(run tab_test) || { echo "$out"; exit 1; }
+echo "$out"
+grep -q "PASSED" <<<"$out" || { echo "test-wasm: tab_test did not pass" >&2; exit 1; }
+echo "== tests/wasm/tab_api_test.mjs under node"
+timeout 300 node "$root/tests/wasm/tab_api_test.mjs" "$build"
 echo "test-wasm: all passed (build $((built - start)) s, tests under node $((SECONDS - built)) s)"

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "daisy/seal.h"
 #include "daisy/status.h"
 #include "daisy/wire.h"
 
@@ -29,61 +30,17 @@ Result<std::string> JoinAddress(const std::string& host_port);
 
 // ---- keys ----
 
-// A long-term CURVE key pair, both halves Z85 text (40 characters each). The secret half
-// never leaves the device.
-struct KeyPair {
-  std::string public_key;
-  std::string secret_key;
-};
+// KeyPair, KeyId, Fingerprint, IsPublicKey, AuditKey and PeerBoxes: daisy/seal.h.
+
 // A fresh key pair (tests, and a rendezvous that was given none).
 KeyPair NewKeyPair();
 // The key pair kept in `path`, or a new one written there (mode 0600, created exclusively,
 // folders made as needed). A key file that group or others may read, or that is malformed,
 // is refused with a message naming the file: it is never silently replaced.
 Result<KeyPair> LoadOrCreateKeyPair(const std::string& path);
-// The key a stage and the head share for the audit's receipts (wire::ReceiptMac): BLAKE2b
-// of the X25519 agreement of one side's secret CURVE key with the other's public key, so
-// each side derives it alone and no other member can.
-Result<std::array<uint8_t, 32>> AuditKey(const KeyPair& mine, const std::string& other_public);
-// True for 40 characters of Z85 that decode to 32 bytes.
-bool IsPublicKey(const std::string& z85);
-// What people compare: the first 8 bytes of BLAKE2b-256 of the 32-byte public key, as 16
-// hex digits in groups of four ("ab12-cd34-ef56-7890"). "" for a malformed key.
-std::string Fingerprint(const std::string& public_key);
-// The same 16 hex digits without dashes: the device id of that key.
-std::string KeyId(const std::string& public_key);
 // A fingerprint or a prefix of one as typed ("AB12-cd34", "ab12cd34"): lower case, dashes
 // and spaces dropped. InvalidArgument when anything else is left or it is empty.
 Result<std::string> NormalizeFingerprint(const std::string& typed);
-
-// ---- end-to-end boxes for frames that cross the relay ----
-
-// serve's relay terminates the CurveZMQ link on each side, so a frame between two members
-// that goes through it is boxed between the true sender and the true recipient: libsodium's
-// crypto_box (X25519, XSalsa20-Poly1305) with the key of their two long-term CURVE keys
-// (crypto_box_beforenm, kept per peer) and a nonce of the sender's id, the recipient's id
-// and a counter (8 + 8 + 8 bytes): both sides derive it, no nonce repeats under a key. The
-// counter starts at the sender's clock in microseconds (a restarted sender goes on above
-// its last run) and grows by one per box; a recipient refuses a counter not above the last
-// it opened from that sender (a replay, or frames out of order). Not thread-safe: one
-// thread owns a PeerBoxes (the member's).
-class PeerBoxes {
- public:
-  explicit PeerBoxes(KeyPair mine);
-  ~PeerBoxes();
-  PeerBoxes(const PeerBoxes&) = delete;
-  PeerBoxes& operator=(const PeerBoxes&) = delete;
-  // The envelope carrying `frame` to the member whose CURVE key is `to_public`.
-  Result<wire::Relay> Seal(const std::string& to_public, std::span<const uint8_t> frame);
-  // The frame inside an envelope from the member whose CURVE key is `from_public` (the key
-  // the room lists for envelope.from). Refuses a box that does not open (another sender, a
-  // changed byte, another recipient) and a counter not above the last one from that sender.
-  Result<std::vector<uint8_t>> Open(const std::string& from_public, const wire::Relay& envelope);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 
 // ---- the browser tab's link (docs/WIRE.md, "link") ----
 

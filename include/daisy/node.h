@@ -12,27 +12,13 @@
 #include "daisy/hub.h"
 #include "daisy/model.h"
 #include "daisy/net.h"
+#include "daisy/stage.h"
 #include "daisy/status.h"
 #include "daisy/wire.h"
 
 namespace daisy {
 
-// Fault injection, for tests only: hooks that make a device lie or lag on purpose. The
-// product never sets one (NodeOptions::faults stays null in the daisychain binary); tests
-// set it in-process, and the test-only daisychain_faulty binary installs one from its
-// environment. Called on the node's own thread only.
-class NodeFaults {
- public:
-  virtual ~NodeFaults() = default;
-  // Printed once at start, so a rigged device is never mistaken for an honest one.
-  virtual std::string Describe() const = 0;
-  // A hop's output after its layers ran, before its hash is taken and it is sent on.
-  virtual void OnHopOutput(std::vector<float>& values) = 0;
-  // In an audited turn: after the hop's digest went to the head, and after its receipt went
-  // to the next stage (a liar that reports honestly and sends something else). Default: no-op.
-  virtual void AfterReport(std::vector<float>& /*values*/) {}
-  virtual void AfterReceipt(std::vector<float>& /*values*/) {}
-};
+// NodeFaults (tests only: a device that lies or lags on purpose): daisy/stage.h.
 
 // The local model folder an assignment names, if this device allows it: `path` with its
 // symlinks and ".." resolved (realpath) must be one of `allowed_dirs` (each resolved too) or

@@ -23,6 +23,7 @@
 #include "daisy/model.h"
 #include "daisy/net.h"
 #include "daisy/plan.h"
+#include "daisy/stage.h"
 #include "daisy/status.h"
 #include "daisy/wire.h"
 
@@ -50,17 +51,7 @@ std::string DeviceCacheDir();
 uint64_t FreeMemoryBytes();
 // The memory budget a device reports: --max-memory when given, else FreeMemoryBytes().
 uint64_t MemoryBudget(std::optional<uint64_t> max_memory);
-// The hello of this device: capacity measured through the live kernel, probe, backend, and
-// `budget` as its free memory (what the plan may give it).
-wire::Hello MeasureHello(const std::string& device_id, const std::string& name, uint32_t capabilities, uint64_t budget);
-// What the plan counts for this model at context ctx (PlanModelFromSpec with the embedding
-// at the width of its file, when that header is read; BF16 width otherwise).
-PlanModel PlanModelOf(const ModelInfo& info, int ctx);
-// What every device of a ring must agree on before it runs a hop: the normalized spec
-// (XXH64 of its fields) and the model load (wire::ModelHash of repo id, pinned commit and a
-// digest of the tensor index: names, dtypes, shapes and offsets).
-uint64_t SpecHash(const ModelSpec& spec);
-uint32_t ModelHashOf(const ModelSource& source, const TensorIndex& index);
+// MeasureHello, PlanModelOf, SpecHash, ModelHashOf: daisy/stage.h.
 
 // ---- admission (ring/admission.cc) ----
 
@@ -197,30 +188,7 @@ class RoomMember {
   std::chrono::steady_clock::time_point last_drop_log_ = std::chrono::steady_clock::now() - std::chrono::seconds(10);
 };
 
-// ---- the hop codec and the plan's wire form (ring/hop.cc) ----
-
-// The plan as an assignment carries it (device, address, layers per stage) and back: the
-// one conversion between the plan and the wire.
-std::vector<wire::StageEntry> WireStages(const Plan& plan);
-Plan PlanFromWire(const std::vector<wire::StageEntry>& stages);
-
-// One hop on its way: where it goes and what goes there.
-struct OutgoingHop {
-  std::string address;
-  wire::Activation activation;
-};
-// The rows `from_stage` passes on, for turn `seq` (their values are taken out of `hidden`;
-// the positions stay): the next stage is plan::Route's (the
-// head's RETURN address at the end of a lap); the payload hash is taken here, last.
-Result<OutgoingHop> EncodeHop(const Plan& plan, int from_stage, int32_t seq, uint32_t model_hash, HiddenStates& hidden);
-// The rows an activation carries, at its positions [token_index, token_index + rows).
-// Takes the values out of `activation`; refuses a payload that is not a whole number of rows
-// of width `hidden`.
-Result<HiddenStates> DecodeHop(wire::Activation& activation, int hidden);
-// The stage an activation must be for at the receiver: wire::kNextReturn for the head.
-int32_t WireNext(const Hop& hop);
-// A message's name as the wire calls it ("activation", "assignment", ...), for log lines.
-std::string_view MessageName(const wire::Message& message);
+// ---- the hop codec and the plan's wire form: daisy/stage.h ----
 
 // ---- finding a room on the LAN (ring/discovery.cc) ----
 

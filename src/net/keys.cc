@@ -1,6 +1,5 @@
 // Long-term CURVE key pairs on disk and their fingerprints.
 #include <fcntl.h>
-#include <sodium.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -26,32 +25,6 @@ KeyPair NewKeyPair() {
   return KeyPair{pub, sec};
 }
 
-Result<std::array<uint8_t, 32>> AuditKey(const KeyPair& mine, const std::string& other_public) {
-  uint8_t secret[32], other[32], shared[32];
-  if (mine.secret_key.size() != 40 || zmq_z85_decode(secret, mine.secret_key.c_str()) == nullptr)
-    return InvalidArgument("Bug: AuditKey without a secret key");
-  if (other_public.size() != 40 || zmq_z85_decode(other, other_public.c_str()) == nullptr)
-    return InvalidArgument("AuditKey: '" + other_public.substr(0, 8) + "...' is not a CURVE public key");
-  // X25519 of the two long-term CURVE keys: the same on both sides, known to no third one.
-  if (crypto_scalarmult(shared, secret, other) != 0) return InvalidArgument("AuditKey: a degenerate public key");
-  std::array<uint8_t, 32> key{};
-  static const char kContext[] = "daisychain audit key v1";
-  crypto_generichash_state st;
-  crypto_generichash_init(&st, nullptr, 0, key.size());
-  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(kContext), sizeof kContext - 1);
-  crypto_generichash_update(&st, shared, sizeof shared);
-  crypto_generichash_final(&st, key.data(), key.size());
-  sodium_memzero(secret, sizeof secret);
-  sodium_memzero(shared, sizeof shared);
-  return key;
-}
-
-bool IsPublicKey(const std::string& z85) {
-  if (z85.size() != 40) return false;
-  uint8_t raw[32];
-  return zmq_z85_decode(raw, z85.c_str()) != nullptr;
-}
-
 namespace {
 
 bool IsSecretFor(const std::string& secret, const std::string& pub) {
@@ -60,31 +33,7 @@ bool IsSecretFor(const std::string& secret, const std::string& pub) {
   return zmq_curve_public(derived, secret.c_str()) == 0 && pub == derived;
 }
 
-std::string Hex16(const std::string& public_key) {
-  uint8_t raw[32];
-  if (public_key.size() != 40 || zmq_z85_decode(raw, public_key.c_str()) == nullptr) return "";
-  uint8_t digest[32];
-  crypto_generichash(digest, sizeof digest, raw, sizeof raw, nullptr, 0);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (int i = 0; i < 8; ++i) {
-    out += kHex[digest[i] >> 4];
-    out += kHex[digest[i] & 15];
-  }
-  return out;
-}
-
 }  // namespace
-
-std::string KeyId(const std::string& public_key) {
-  return Hex16(public_key);
-}
-
-std::string Fingerprint(const std::string& public_key) {
-  const std::string h = Hex16(public_key);
-  if (h.empty()) return "";
-  return h.substr(0, 4) + "-" + h.substr(4, 4) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4);
-}
 
 Result<std::string> NormalizeFingerprint(const std::string& typed) {
   std::string out;

@@ -6,6 +6,9 @@
 #include "daisy/wire.h"
 
 #include <sodium.h>
+#if defined(DAISY_XXHASH_INLINE)
+#define XXH_INLINE_ALL  // the wasm build, which has no libxxhash
+#endif
 #include <xxhash.h>
 
 #include <bit>

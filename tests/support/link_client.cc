@@ -278,6 +278,7 @@ Result<std::optional<wire::Message>> LinkClient::Receive(int timeout_ms) {
 Result<std::optional<std::vector<uint8_t>>> LinkClient::ReceiveRaw(int timeout_ms) {
   DAISY_ASSIGN_OR_RETURN(auto f, ReadMessage(timeout_ms));
   if (!f) return std::optional<std::vector<uint8_t>>();
+  if (f->opcode != 0x2) return DataLoss("link client: serve sent a text message");
   return std::optional<std::vector<uint8_t>>(std::move(f->payload));
 }
 

@@ -1,14 +1,13 @@
 // PeerBoxes: the end-to-end box of a frame that crosses serve's relay. The relay ends one
 // CurveZMQ link and starts another, so CURVE alone would show it the frame; the box is
 // between the two members' long-term keys, which the relay does not hold.
+#include "daisy/seal.h"
+
 #include <sodium.h>
-#include <zmq.h>
 
 #include <chrono>
 #include <cstring>
 #include <map>
-
-#include "daisy/net.h"
 
 namespace daisy::net {
 
@@ -17,7 +16,10 @@ static_assert(wire::kBoxMacBytes == crypto_box_MACBYTES, "the wire's least box i
 namespace {
 
 bool DecodeKey(const std::string& z85, uint8_t out[32]) {
-  return z85.size() == 40 && zmq_z85_decode(out, z85.c_str()) != nullptr;
+  std::array<uint8_t, 32> raw{};
+  if (!Z85Decode(z85, raw)) return false;
+  std::memcpy(out, raw.data(), raw.size());
+  return true;
 }
 
 // 16 hex digits -> 8 bytes (the ids are checked by the wire decoder and made by KeyId).
@@ -73,6 +75,10 @@ PeerBoxes::PeerBoxes(KeyPair mine) : impl_(std::make_unique<Impl>()) {
 }
 
 PeerBoxes::~PeerBoxes() = default;
+
+uint64_t PeerBoxes::next_counter() const {
+  return impl_->next_counter;
+}
 
 Result<wire::Relay> PeerBoxes::Seal(const std::string& to_public, std::span<const uint8_t> frame) {
   DAISY_ASSIGN_OR_RETURN(const uint8_t* key, impl_->Shared(to_public));

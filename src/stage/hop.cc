@@ -2,7 +2,7 @@
 // back) and rows become an activation (and back).
 #include <utility>
 
-#include "daisy/ring.h"
+#include "daisy/stage.h"
 
 namespace daisy {
 

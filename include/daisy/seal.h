@@ -1,0 +1,80 @@
+// Keys and end-to-end boxes without a transport: a device's CURVE key pair as text, its id
+// and fingerprint, the audit key, and the boxes of frames that cross serve's relay. Needs
+// libsodium's API alone (real libsodium natively; src/crypt's subset in the browser build),
+// never ZeroMQ: both the ZeroMQ transport (daisy/net.h, which re-exports this header) and the
+// browser tab (daisy/tab.h) use it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "daisy/status.h"
+#include "daisy/wire.h"
+
+namespace daisy::net {
+
+// A long-term CURVE key pair, both halves Z85 text (40 characters each). The secret half
+// never leaves the device.
+struct KeyPair {
+  std::string public_key;
+  std::string secret_key;
+};
+
+// ZeroMQ's Z85 (32 bytes <-> 40 characters), as zmq_z85_encode/decode write and read it.
+std::string Z85Encode(std::span<const uint8_t, 32> raw);
+// False for anything but 40 characters of the Z85 alphabet whose groups fit in 32 bits.
+bool Z85Decode(const std::string& z85, std::array<uint8_t, 32>& raw);
+// A fresh X25519 (crypto_box) key pair: the same kind of keys CURVE uses.
+KeyPair NewBoxKeyPair();
+// The pair of a secret key kept elsewhere (a browser's storage): its public half derived.
+// InvalidArgument for a secret that is not 40 characters of Z85.
+Result<KeyPair> KeyPairFromSecret(const std::string& secret_z85);
+
+// The key a stage and the head share for the audit's receipts (wire::ReceiptMac): BLAKE2b
+// of the X25519 agreement of one side's secret CURVE key with the other's public key, so
+// each side derives it alone and no other member can.
+Result<std::array<uint8_t, 32>> AuditKey(const KeyPair& mine, const std::string& other_public);
+// True for 40 characters of Z85 that decode to 32 bytes.
+bool IsPublicKey(const std::string& z85);
+// What people compare: the first 8 bytes of BLAKE2b-256 of the 32-byte public key, as 16
+// hex digits in groups of four ("ab12-cd34-ef56-7890"). "" for a malformed key.
+std::string Fingerprint(const std::string& public_key);
+// The same 16 hex digits without dashes: the device id of that key.
+std::string KeyId(const std::string& public_key);
+
+// ---- end-to-end boxes for frames that cross the relay ----
+
+// serve's relay terminates the CurveZMQ link on each side, so a frame between two members
+// that goes through it is boxed between the true sender and the true recipient: libsodium's
+// crypto_box (X25519, XSalsa20-Poly1305) with the key of their two long-term CURVE keys
+// (crypto_box_beforenm, kept per peer) and a nonce of the sender's id, the recipient's id
+// and a counter (8 + 8 + 8 bytes): both sides derive it, no nonce repeats under a key. The
+// counter starts at the sender's clock in microseconds (a restarted sender goes on above
+// its last run) and grows by one per box; a recipient refuses a counter not above the last
+// it opened from that sender (a replay, or frames out of order). Not thread-safe: one
+// thread owns a PeerBoxes (the member's).
+class PeerBoxes {
+ public:
+  explicit PeerBoxes(KeyPair mine);
+  ~PeerBoxes();
+  PeerBoxes(const PeerBoxes&) = delete;
+  PeerBoxes& operator=(const PeerBoxes&) = delete;
+  // The envelope carrying `frame` to the member whose CURVE key is `to_public`.
+  Result<wire::Relay> Seal(const std::string& to_public, std::span<const uint8_t> frame);
+  // The frame inside an envelope from the member whose CURVE key is `from_public` (the key
+  // the room lists for envelope.from). Refuses a box that does not open (another sender, a
+  // changed byte, another recipient) and a counter not above the last one from that sender.
+  Result<std::vector<uint8_t>> Open(const std::string& from_public, const wire::Relay& envelope);
+  // The counter the next Seal uses (the link's handshake starts its own counters here).
+  uint64_t next_counter() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace daisy::net
