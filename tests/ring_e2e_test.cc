@@ -481,6 +481,13 @@ TEST_F(RingTest, ANodeThatAcceptsNoConnectionsHoldsLayersThroughTheRelayAndTheRu
   // The relayed node listens on no TCP port at all; the other node does (its inbox).
   EXPECT_EQ(ListeningSockets(procs_[0].pid()), 0);
   EXPECT_GT(ListeningSockets(procs_[1].pid()), 0);
+  // The turn's text reached the relayed node too, boxed through the relay like its hops
+  // (sealed with the head's one counter, from another connection than the hops).
+  const std::string text = j["text"];
+  ASSERT_FALSE(text.empty());
+  const auto shown = ShownTexts(tmp_ / "node-1.log", "head", 1);
+  ASSERT_EQ(shown.size(), 1u) << e2e::ReadAll((tmp_ / "node-1.log").string());
+  EXPECT_EQ(shown[0], text.back() == '\n' ? text : text + "\n");
 }
 
 // A relayed node killed mid-turn is dropped like any stage and the turn replayed without it.

@@ -71,7 +71,7 @@ enum class LinkClose : uint16_t {
   kTooBig = 1009,           // a message over kLinkMaxMessage
   kTryLater = 1013,         // serve holds as many links as it takes
   kBadHandshake = 4001,     // wrong magic/version/length, a box that does not open, a wrong challenge
-  kRefusedEnvelope = 4002,  // a later envelope refused: wrong ids, a replay or reorder, tampered
+  kRefusedEnvelope = 4002,  // a later envelope refused: wrong ids, a replay, tampered
   kNotApproved = 4003,      // the key is not approved in any room (the page asks POST /api/join)
   kReplaced = 4004,         // a newer link of the same key took over
   kTooSlow = 4008,          // no pong, no handshake in time, or nothing could be sent for too long

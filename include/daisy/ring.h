@@ -157,6 +157,8 @@ class RoomMember {
   const wire::Hello& hello() const { return hello_; }
   const std::string& address() const { return address_; }  // what peers send to
   const std::string& server_key() const { return server_key_; }
+  // The boxes this member seals relayed frames with: one counter, shared with a head's text.
+  std::shared_ptr<net::PeerBoxes> boxes() const { return boxes_; }
   const Options& options() const { return o_; }
 
  private:
@@ -179,7 +181,7 @@ class RoomMember {
   wire::Hello hello_;
   std::string server_key_;
   std::unique_ptr<net::Pulse> pulse_;
-  std::unique_ptr<net::PeerBoxes> boxes_;  // the end-to-end boxes of relayed frames
+  std::shared_ptr<net::PeerBoxes> boxes_;  // the end-to-end boxes of relayed frames
   std::chrono::steady_clock::time_point last_attach_{};
   mutable std::mutex mu_;
   std::vector<wire::Peer> peers_;

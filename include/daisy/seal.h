@@ -54,9 +54,11 @@ std::string KeyId(const std::string& public_key);
 // (crypto_box_beforenm, kept per peer) and a nonce of the sender's id, the recipient's id
 // and a counter (8 + 8 + 8 bytes): both sides derive it, no nonce repeats under a key. The
 // counter starts at the sender's clock in microseconds (a restarted sender goes on above
-// its last run) and grows by one per box; a recipient refuses a counter not above the last
-// it opened from that sender (a replay, or frames out of order). Not thread-safe: one
-// thread owns a PeerBoxes (the member's).
+// its last run) and grows by one per box; a recipient opens each counter from a sender at
+// most once, and none more than kReplayWindow below the highest it opened from that sender
+// (a replay, or one too old to tell). Thread-safe: a head seals from its turn's thread and
+// its text's, with one counter.
+inline constexpr uint64_t kReplayWindow = 4096;
 class PeerBoxes {
  public:
   explicit PeerBoxes(KeyPair mine);
@@ -67,7 +69,7 @@ class PeerBoxes {
   Result<wire::Relay> Seal(const std::string& to_public, std::span<const uint8_t> frame);
   // The frame inside an envelope from the member whose CURVE key is `from_public` (the key
   // the room lists for envelope.from). Refuses a box that does not open (another sender, a
-  // changed byte, another recipient) and a counter not above the last one from that sender.
+  // changed byte, another recipient) and a counter already opened or too old (see above).
   Result<std::vector<uint8_t>> Open(const std::string& from_public, const wire::Relay& envelope);
   // The counter the next Seal uses (the link's handshake starts its own counters here).
   uint64_t next_counter() const;

@@ -55,7 +55,7 @@ class LinkClient {
   // Once up: the message carrying an inner frame (an encoded wire::Message) up the link.
   Result<std::vector<uint8_t>> Seal(std::span<const uint8_t> inner);
   // Once up: the inner frame of a message from serve. PermissionDenied for wrong ids, a
-  // counter not above the last (a replay or reorder) or a box that does not open.
+  // counter already opened or too old (a replay) or a box that does not open.
   Result<std::vector<uint8_t>> Open(std::span<const uint8_t> message);
 
  private:

@@ -248,7 +248,7 @@ Result<std::unique_ptr<HeadSession>> HeadSession::Start(const SessionOptions& op
   DAISY_ASSIGN_OR_RETURN(impl->member, RoomMember::Create(mo));
   impl->room = std::make_unique<head::HeadRoom>(*impl->member);
   if (options.share_tokens) {
-    DAISY_ASSIGN_OR_RETURN(impl->text_cast, head::TextCast::Start(impl->member->keys()));
+    DAISY_ASSIGN_OR_RETURN(impl->text_cast, head::TextCast::Start(impl->member->keys(), impl->member->boxes()));
   }
   if (options.join_at_start) {
     auto lock = impl->TakeTurn();

@@ -24,8 +24,9 @@ constexpr size_t kMaxQueued = 16384;
 constexpr auto kDrain = std::chrono::seconds(3);
 }  // namespace
 
-Result<std::unique_ptr<TextCast>> TextCast::Start(const net::KeyPair& keys) {
+Result<std::unique_ptr<TextCast>> TextCast::Start(const net::KeyPair& keys, std::shared_ptr<net::PeerBoxes> boxes) {
   std::unique_ptr<TextCast> c(new TextCast());
+  c->boxes_ = std::move(boxes);
   DAISY_ASSIGN_OR_RETURN(c->out_, net::Endpoint::SendOnly(keys));
   TextCast* raw = c.get();
   c->thread_ = std::thread([raw] { raw->Loop(); });
@@ -41,8 +42,9 @@ TextCast::~TextCast() {
   if (thread_.joinable()) thread_.join();
 }
 
-void TextCast::Begin(std::vector<wire::Peer> members) {
-  members_ = std::make_shared<const std::vector<wire::Peer>>(std::move(members));
+void TextCast::Begin(std::vector<wire::Peer> members, std::string rendezvous, std::string rendezvous_key) {
+  members_ =
+      std::make_shared<const Stream>(Stream{std::move(members), std::move(rendezvous), std::move(rendezvous_key)});
   ++stream_;
   tokens_ = 0;
   Queue(wire::Text{stream_, wire::TextKind::kBegin, 0, -1, ""});
@@ -83,7 +85,7 @@ int64_t TextCast::sent() const {
 }
 
 void TextCast::Queue(wire::Text t) {
-  if (!members_ || members_->empty()) return;
+  if (!members_ || members_->members.empty()) return;
   Item item{members_, wire::Encode(wire::Message(std::move(t)))};
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -94,8 +96,8 @@ void TextCast::Queue(wire::Text t) {
 }
 
 void TextCast::Loop() {
-  std::shared_ptr<const std::vector<wire::Peer>> current;  // the stream being sent
-  std::set<std::string> reached, failed;                   // its members, by address
+  std::shared_ptr<const Stream> current;  // the stream being sent
+  std::set<std::string> reached, failed;  // its members, by address
   std::optional<Clock::time_point> drain_until;
   while (true) {
     Item item;
@@ -113,20 +115,35 @@ void TextCast::Loop() {
       failed.clear();
       std::vector<std::string> keys;
       std::set<std::string> addresses;
-      for (const auto& p : *current) {
+      for (const auto& p : current->members) {
+        if (wire::IsRelayAddress(p.address)) continue;
         out_->SetPeerKey(p.address, p.public_key);
         keys.push_back(p.public_key);
         addresses.insert(p.address);
       }
+      if (!current->rendezvous_key.empty()) {
+        out_->SetPeerKey(current->rendezvous, current->rendezvous_key);
+        keys.push_back(current->rendezvous_key);
+      }
       out_->KeepOnly(keys);
       std::erase_if(reached, [&](const std::string& a) { return !addresses.count(a); });
     }
-    for (const auto& p : *current) {
+    for (const auto& p : current->members) {
       if (failed.count(p.address)) continue;
       const bool known = reached.count(p.address) > 0;
       int timeout = known ? kNextMs : kFirstContactMs;
       if (drain_until) timeout = std::min<int>(timeout, 200);
-      Status st = out_->Send(p.address, item.frame, timeout);
+      Status st = Status::Ok();
+      if (!wire::IsRelayAddress(p.address)) {
+        st = out_->Send(p.address, item.frame, timeout);
+      } else if (!boxes_ || current->rendezvous_key.empty()) {
+        st = FailedPrecondition("it accepts no connections and this head has no relay to reach it by");
+      } else if (auto env = boxes_->Seal(p.public_key, item.frame); !env.ok()) {
+        st = env.status();
+      } else {
+        // Through serve's relay, which sees only the box (docs/WIRE.md, "relay").
+        st = out_->Send(current->rendezvous, wire::Encode(wire::Message(std::move(*env))), timeout);
+      }
       if (st.ok()) {
         reached.insert(p.address);
         std::lock_guard<std::mutex> lock(mu_);

@@ -25,13 +25,16 @@ namespace daisy::head {
 // that stream. Begin .. Fail are called by one thread at a time (the turn's); sent() by any.
 class TextCast {
  public:
-  static Result<std::unique_ptr<TextCast>> Start(const net::KeyPair& keys);
+  // `boxes`: the head member's own (one counter for everything it seals), for members that
+  // accept no connections: their text goes boxed through serve's relay.
+  static Result<std::unique_ptr<TextCast>> Start(const net::KeyPair& keys, std::shared_ptr<net::PeerBoxes> boxes);
   ~TextCast();  // what is queued is sent first (a few seconds at most), then it stops
   TextCast(const TextCast&) = delete;
   TextCast& operator=(const TextCast&) = delete;
 
-  // A new turn's stream, to `members` (each with its address and public key).
-  void Begin(std::vector<wire::Peer> members);
+  // A new turn's stream, to `members` (each with its address and public key); a relayed
+  // member's through the rendezvous at `rendezvous` (its address and key).
+  void Begin(std::vector<wire::Peer> members, std::string rendezvous, std::string rendezvous_key);
   // Generated token `token_id` adds `text` (which may be empty).
   void Piece(int32_t token_id, std::string_view text);
   // Only the first `kept` tokens stand (the audit withdrew the rest).
@@ -43,8 +46,12 @@ class TextCast {
   int64_t sent() const;
 
  private:
+  struct Stream {
+    std::vector<wire::Peer> members;
+    std::string rendezvous, rendezvous_key;
+  };
   struct Item {
-    std::shared_ptr<const std::vector<wire::Peer>> to;
+    std::shared_ptr<const Stream> to;
     std::vector<uint8_t> frame;
   };
   TextCast() = default;
@@ -52,13 +59,14 @@ class TextCast {
   void Loop();
 
   std::unique_ptr<net::Endpoint> out_;  // used by the thread only
+  std::shared_ptr<net::PeerBoxes> boxes_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stopping_ = false;
   int64_t sent_ = 0;
   // The turn's stream (the turn's thread only).
-  std::shared_ptr<const std::vector<wire::Peer>> members_;
+  std::shared_ptr<const Stream> members_;
   uint32_t stream_ = 0;
   int32_t tokens_ = 0;
   std::thread thread_;

@@ -50,7 +50,7 @@ TurnRequest HeadSession::Impl::SharedWithTheRoom(const TurnRequest& request, std
     std::vector<wire::Peer> devices;
     for (const auto& p : room->peers())
       if (p.hello.device_id != id() && !(p.hello.capabilities & wire::kCapHead)) devices.push_back(p);
-    text_cast->Begin(std::move(devices));
+    text_cast->Begin(std::move(devices), member->options().rendezvous, member->server_key());
     begun = true;
   };
   r.on_token = [this, &tail, begin, inner = request.on_token](int32_t tid, std::string_view text) {

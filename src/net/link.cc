@@ -275,7 +275,7 @@ void Link::Envelope(const std::vector<uint8_t>& m) {
     // PeerBoxes refuses a counter before it tries the box: say which it was, briefly.
     const bool replay = counter <= last_counter_;
     return CloseWith(LinkClose::kRefusedEnvelope,
-                     replay ? "a replayed or reordered envelope (its counter is not above the last)"
+                     replay ? "a replayed envelope (its counter was opened already, or is too old)"
                             : "an envelope that does not open (changed on the way, or sealed with another key)",
                      inner.status().message());
   }

@@ -15,7 +15,7 @@ Result<std::unique_ptr<RoomMember>> RoomMember::Create(const Options& options) {
   m->o_ = options;
   DAISY_ASSIGN_OR_RETURN(m->keys_, DeviceKeys(DeviceHome(), options.role));
   const std::string id = net::KeyId(m->keys_.public_key);
-  m->boxes_ = std::make_unique<net::PeerBoxes>(m->keys_);
+  m->boxes_ = std::make_shared<net::PeerBoxes>(m->keys_);
   uint32_t capabilities = options.capabilities;
   if (options.no_listen) {
     // Nothing to bind: the relay link is made once the host has admitted this key.

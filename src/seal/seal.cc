@@ -5,9 +5,11 @@
 
 #include <sodium.h>
 
+#include <bitset>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 namespace daisy::net {
 
@@ -47,7 +49,15 @@ struct PeerBoxes::Impl {
   bool have_secret = false;
   uint64_t next_counter = 0;
   std::map<std::string, std::array<uint8_t, crypto_box_BEFORENMBYTES>> shared;  // by peer key
-  std::map<std::string, uint64_t> last_opened;                                  // by peer key
+  // Per peer key: the highest counter opened, and which of the kReplayWindow below it were
+  // (bit d: highest - d). A member's envelopes may come by two connections (its turn's and
+  // its text's), so they need not arrive in counter order; each opens at most once.
+  struct Seen {
+    uint64_t highest = 0;
+    std::bitset<kReplayWindow> opened;
+  };
+  std::map<std::string, Seen> seen;
+  std::mutex mu;  // Seal and Open may be called from two threads (the turn's and the text's)
 
   ~Impl() { sodium_memzero(secret, sizeof secret); }
 
@@ -77,10 +87,12 @@ PeerBoxes::PeerBoxes(KeyPair mine) : impl_(std::make_unique<Impl>()) {
 PeerBoxes::~PeerBoxes() = default;
 
 uint64_t PeerBoxes::next_counter() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->next_counter;
 }
 
 Result<wire::Relay> PeerBoxes::Seal(const std::string& to_public, std::span<const uint8_t> frame) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
   DAISY_ASSIGN_OR_RETURN(const uint8_t* key, impl_->Shared(to_public));
   wire::Relay env;
   env.to = KeyId(to_public);
@@ -98,11 +110,20 @@ Result<std::vector<uint8_t>> PeerBoxes::Open(const std::string& from_public, con
   if (envelope.from != from_id || envelope.to != impl_->my_id)
     return PermissionDenied("a relayed frame from " + envelope.from + " to " + envelope.to +
                             " is not from the key the room lists for its sender, or not for this device");
-  auto last = impl_->last_opened.find(from_public);
-  if (last != impl_->last_opened.end() && envelope.counter <= last->second)
-    return PermissionDenied("a relayed frame from " + Fingerprint(from_public) + " with counter " +
-                            std::to_string(envelope.counter) + " not above the last opened (" +
-                            std::to_string(last->second) + "): a replay or out of order");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto seen = impl_->seen.find(from_public);
+  const bool first = seen == impl_->seen.end();
+  if (!first && envelope.counter <= seen->second.highest) {
+    const uint64_t back = seen->second.highest - envelope.counter;
+    if (back >= kReplayWindow)
+      return PermissionDenied("a relayed frame from " + Fingerprint(from_public) + " with counter " +
+                              std::to_string(envelope.counter) + ", more than " + std::to_string(kReplayWindow) +
+                              " below the highest opened (" + std::to_string(seen->second.highest) +
+                              "): too old to tell from a replay");
+    if (seen->second.opened.test(back))
+      return PermissionDenied("a relayed frame from " + Fingerprint(from_public) + " with counter " +
+                              std::to_string(envelope.counter) + ", already opened: a replay");
+  }
   if (envelope.box.size() < crypto_box_MACBYTES) return InvalidArgument("a relayed box shorter than its MAC");
   DAISY_ASSIGN_OR_RETURN(const uint8_t* key, impl_->Shared(from_public));
   uint8_t nonce[crypto_box_NONCEBYTES];
@@ -111,7 +132,15 @@ Result<std::vector<uint8_t>> PeerBoxes::Open(const std::string& from_public, con
   if (crypto_box_open_easy_afternm(frame.data(), envelope.box.data(), envelope.box.size(), nonce, key) != 0)
     return PermissionDenied("a relayed frame from " + Fingerprint(from_public) +
                             " does not open: changed on the way, or not sealed by that key for this device");
-  impl_->last_opened[from_public] = envelope.counter;
+  Impl::Seen& mark = impl_->seen[from_public];
+  if (first || envelope.counter > mark.highest) {
+    const uint64_t up = first ? kReplayWindow : envelope.counter - mark.highest;
+    mark.opened = up >= kReplayWindow ? std::bitset<kReplayWindow>() : mark.opened << up;
+    mark.highest = envelope.counter;
+    mark.opened.set(0);
+  } else {
+    mark.opened.set(mark.highest - envelope.counter);
+  }
   return frame;
 }
 
