@@ -7,7 +7,9 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
 ARM64_BUILD ?= build-arm64
-WASM_BUILD ?= build-wasm
+# The native build compiles the browser node's module in $(BUILD)/wasm for serve's join page
+# (src/server/CMakeLists.txt); test-wasm builds its tests in the same tree, reusing it.
+WASM_BUILD ?= $(BUILD)/wasm
 FUZZ_SECONDS ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
