@@ -10,7 +10,9 @@
 #   - the forward pass on synthetic models and on stories260K (split == unsplit, KV cache ==
 #     recompute, chunked == one-shot, wasm == scalar) and the x86-64 golden digest of
 #     stories260K's logits on wasm and scalar;
-#   - the engine's exported C API from JavaScript (tests/wasm/engine_test.mjs).
+#   - crypt (our libsodium/Z85 subset, src/crypt): RFC vectors and libsodium's golden digest;
+#   - the engine's exported C API from JavaScript (tests/wasm/engine_test.mjs), the tab's
+#     key pair and fingerprints included.
 # `make test-wasm` runs it, and `make test` runs that. See docs/KERNELS.md, "wasm".
 #   needs: scripts/install-deps.sh (emscripten; node.js 20); the build is scripts/build-wasm.sh
 #   env:   BUILD_DIR (default build-wasm, incremental), JOBS (default 2),
@@ -62,6 +64,11 @@ if ! grep -q "digest on wasm" <<<"$out"; then
   exit 1
 fi
 if [[ -z "${SKIP_DETMATH:-}" ]]; then run detmath_test; fi
+# Our libsodium/Z85 subset (src/crypt) through the C names: the RFC vectors and the golden
+# digest real libsodium gives natively (crypt_test asserts the same constant).
+out=$(run crypt_shim_test) || { echo "$out"; exit 1; }
+echo "$out"
+grep -q "PASSED" <<<"$out" || { echo "test-wasm: crypt_shim_test did not pass" >&2; exit 1; }
 
 # The JS-callable engine: probe hash equal to the native binary's, stories260K's digest.
 if [[ -n "${NATIVE_BIN:-}" && -x "${NATIVE_BIN}" ]]; then

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "daisy/crypt.h"
 #include "daisy/forward.h"
 #include "daisy/kernels.h"
 #include "daisy/model.h"
@@ -217,6 +218,37 @@ int daisy_engine_forward(DaisyEngine* e, const int32_t* tokens, int n, int first
   std::memcpy(out, logits->data(), logits->size() * sizeof(float));
   e->error.clear();
   return static_cast<int>(logits->size());
+}
+
+// The fingerprint of a Z85 public key as net::Fingerprint writes it ("abcd-ef01-2345-6789":
+// the first 8 bytes of BLAKE2b-256 of the raw key, hex), or "" when it is not a key.
+const char* daisy_fingerprint(const char* public_z85) {
+  static std::string out;
+  out.clear();
+  uint8_t raw[32];
+  if (public_z85 == nullptr || std::strlen(public_z85) != 40 || daisy::crypt::Z85Decode(raw, public_z85) == nullptr)
+    return out.c_str();
+  unsigned char digest[32];
+  daisy::crypt::GenericHash(digest, sizeof digest, raw, sizeof raw, nullptr, 0);
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 8; ++i) {
+    if (i > 0 && i % 2 == 0) out += '-';
+    out += kHex[digest[i] >> 4];
+    out += kHex[digest[i] & 15];
+  }
+  return out.c_str();
+}
+
+// A new X25519 (CURVE) key pair for this tab, from crypto.getRandomValues:
+// {"public_key", "secret_key" (Z85, 40 characters each), "fingerprint"}, as JSON. The page
+// keeps it in its origin's storage; the secret stays in this string until the next call.
+const char* daisy_keypair() {
+  static std::string out;
+  char pub[41], sec[41];
+  daisy::crypt::CurveKeypair(pub, sec);
+  out = nlohmann::json{{"public_key", pub}, {"secret_key", sec}, {"fingerprint", daisy_fingerprint(pub)}}.dump();
+  daisy::crypt::MemZero(sec, sizeof sec);
+  return out.c_str();
 }
 
 }  // extern "C"

@@ -1,9 +1,11 @@
 // The engine's C API (apps/wasm/engine.cc) called from JavaScript, as the browser node's page
 // will call it: the wasm backend passes its gate, the probe hash equals the native nodes',
 // stories260K loaded from files handed over in memory gives x86-64's golden digest on the
-// wasm and the scalar backend, and bad input is refused with a message. Exits non-zero on
-// any failure.   node tests/wasm/engine_test.mjs BUILD_DIR
+// wasm and the scalar backend, bad input is refused with a message, and the tab's key pair
+// and fingerprints (daisy::crypt) agree with OpenSSL and with the native fingerprint. Exits
+// non-zero on any failure.   node tests/wasm/engine_test.mjs BUILD_DIR
 import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -169,6 +171,57 @@ check('a forward before any load, and an unsafe file name, are refused', () => {
   assert.match(str(M._daisy_engine_error(e)), /refused/);
   M._free(op);
   M._daisy_engine_free(e);
+});
+
+// Z85 (ZeroMQ RFC 32) decoding, for the key checks below.
+const kZ85 = '0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#';
+function z85Decode(s) {
+  assert.equal(s.length % 5, 0, `'${s}' is not Z85`);
+  const out = Buffer.alloc((s.length / 5) * 4);
+  for (let i = 0; i < s.length; i += 5) {
+    let v = 0;
+    for (let j = 0; j < 5; ++j) {
+      const d = kZ85.indexOf(s[i + j]);
+      assert.ok(d >= 0, `'${s}' is not Z85`);
+      v = v * 85 + d;
+    }
+    out.writeUInt32BE(v, (i / 5) * 4);
+  }
+  return out;
+}
+
+// The X25519 public key of a raw secret as OpenSSL (node:crypto) computes it: a second,
+// independent implementation.
+function x25519Public(secret) {
+  const pkcs8 = Buffer.concat([Buffer.from('302e020100300506032b656e04220420', 'hex'), secret]);
+  const key = crypto.createPrivateKey({ key: pkcs8, format: 'der', type: 'pkcs8' });
+  return crypto.createPublicKey(key).export({ format: 'der', type: 'spki' }).subarray(-32);
+}
+
+const fingerprint = (z85) => withCString(z85, (p) => str(M._daisy_fingerprint(p)));
+
+check('the fingerprint of a fixed key is the one net::Fingerprint gives natively', () => {
+  // RFC 7748's Alice public key; src/crypt/crypt_golden.h holds the same constants, which
+  // crypt_test gets from real libsodium and libzmq.
+  const alice = 'G=]<>I7>&bBC>O5V{aj/4zK}kco8}o(.HIuS*=:#';
+  assert.equal(z85Decode(alice).toString('hex'), '8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a');
+  assert.equal(fingerprint(alice), '7a91-869e-4c11-4964');
+  assert.equal(fingerprint('not a key'), '');
+  assert.equal(fingerprint(alice.slice(0, 39) + ' '), '');
+});
+
+check('the tab makes X25519 key pairs whose public key OpenSSL derives from the secret', () => {
+  const a = JSON.parse(str(M._daisy_keypair()));
+  const b = JSON.parse(str(M._daisy_keypair()));
+  for (const k of [a, b]) {
+    assert.equal(k.public_key.length, 40);
+    assert.equal(k.secret_key.length, 40);
+    assert.equal(x25519Public(z85Decode(k.secret_key)).toString('hex'), z85Decode(k.public_key).toString('hex'));
+    assert.match(k.fingerprint, /^[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}$/);
+    assert.equal(k.fingerprint, fingerprint(k.public_key));
+  }
+  assert.notEqual(a.secret_key, b.secret_key);
+  console.log(`     a new key pair: fingerprint ${a.fingerprint}`);
 });
 
 if (failures > 0) {
