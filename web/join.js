@@ -10,7 +10,7 @@
 
 (function () {
   const $ = (id) => document.getElementById(id);
-  const kKeyStore = 'daisy_tab_key_v1';  // {"secret": Z85} for this origin
+  const kKeyStore = 'daisy_tab_key_v1';  // {"public_key", "secret_key"} (Z85) for this origin
   const kNameStore = 'daisy_tab_name';
   const kAskedStore = 'daisy_tab_asked';  // "room|server fingerprint" this device asked to join
   const kPollMs = 2000;
@@ -142,7 +142,7 @@
       case 'engine':
         setText('backend', m.backend || '—');
         setText('probe', m.probe_hash ? m.probe_hash + ' (not compared yet)' : '—');
-        post({ type: 'keys', secret: savedSecret() });
+        post({ type: 'keys', saved: savedKeys() });
         break;
       case 'keys':
         onKeys(m);
@@ -152,6 +152,10 @@
         break;
       case 'event':
         onEvent(m.event || {});
+        break;
+      case 'started':
+        st.started = true;
+        openLink();
         break;
       case 'left':
         closeLink(1000, 'the tab left the room');
@@ -164,18 +168,17 @@
     }
   }
 
-  function savedSecret() {
+  function savedKeys() {
     try {
-      const k = JSON.parse(load(kKeyStore) || 'null');
-      return k && typeof k.secret === 'string' ? k.secret : '';
+      return JSON.parse(load(kKeyStore) || 'null');
     } catch (_) {
-      return '';
+      return null;  // damaged: the worker makes a new pair
     }
   }
 
   function onKeys(m) {
     st.me = m;
-    if (!store(kKeyStore, JSON.stringify({ secret: m.secret_key })))
+    if (!store(kKeyStore, JSON.stringify({ public_key: m.public_key, secret_key: m.secret_key })))
       log('This browser keeps nothing for this page (storage is off): a reload makes a new key.', 'warn');
     setText('my-fpr', m.fingerprint);
     $('my-fpr').dataset.id = m.id;
@@ -301,6 +304,7 @@
       if (a.status === 'approved') {
         st.joined = true;
         setJoinStatus('approved', 'Approved: this device is a member of room ' + st.key.room + '.');
+        $('join-form').hidden = true;
         log('the host approved ' + st.me.fingerprint);
         startMember();
         return;
@@ -326,9 +330,12 @@
     return Math.floor(Math.min(cap, dev)) * 1024 * 1024;
   }
 
+  // Once approved: the worker starts the ring member and answers 'started'; then the link.
+  let starting = false;
   function startMember() {
     if (st.started) return openLink();
-    st.started = true;
+    if (starting) return;
+    starting = true;
     const budget = budgetBytes();
     setText('budget', fmtBytes(budget));
     post({
@@ -339,7 +346,6 @@
       hub_endpoint: st.key.hub_endpoint || '',
       budget,
     });
-    openLink();
   }
 
   // ---------- the link: bytes between the WebSocket and the worker ----------
@@ -388,6 +394,7 @@
       setLink('down', 'not approved');
       log('serve says this key is not approved' + why, 'warn');
       st.joined = false;
+      $('join-form').hidden = false;
       join();
       return;
     }

@@ -5,8 +5,9 @@
 //
 // Messages, page -> worker:
 //   {type: 'init'}                             load the module
-//   {type: 'keys', secret}                     the key pair of `secret` (Z85, from the page's
-//                                              storage), or a new one when it is ''
+//   {type: 'keys', saved}                      the key pair `saved` ({public_key, secret_key}
+//                                              in Z85, from the page's storage), or a new one
+//                                              when it is null or not a key
 //   {type: 'start', server_key, room, name, hub_endpoint, budget}
 //                                              run the ring member
 //   {type: 'link', state: 'open'|'closed', code, reason}
@@ -22,6 +23,7 @@
 //                                              probe {state, hash, ring_hash}, text {head_id,
 //                                              head, stream, kind, index, text},
 //                                              hub_unauthorized {repo}, error {message}
+//   {type: 'started'}                          the ring member runs: open the link
 //   {type: 'left'}
 //   {type: 'fatal', message}                   the module cannot run here
 'use strict';
@@ -45,9 +47,6 @@ function withCString(s, fn) {
   }
 }
 
-// "abcd-ef01-2345-6789" from a device id of 16 hex digits (as net::Fingerprint writes it).
-function fingerprintOf(id) { return id.match(/.{4}/g).join('-'); }
-
 async function init() {
   try {
     importScripts('/daisy_engine.js');
@@ -65,26 +64,29 @@ async function init() {
   postMessage({ type: 'engine', backend: str(M._daisy_backend_name()), probe_hash: str(M._daisy_probe_hash()) });
 }
 
-// The key pair from the module's crypto (X25519 as libsodium's crypto_box; ids and
-// fingerprints from BLAKE2b as the native nodes make them).
-function keys(secret) {
-  if (typeof M._daisy_keypair !== 'function')
+// The key pair from the module's crypto (X25519 as libsodium's crypto_box; the fingerprint
+// from BLAKE2b as the native nodes make it): the stored one when it is a key, else a new one.
+function keys(saved) {
+  if (typeof M._daisy_keypair !== 'function' || typeof M._daisy_fingerprint !== 'function')
     return fatal('This build of the browser node cannot make keys (its module has no daisy_keypair).');
-  const out = withCString(secret || '', (p) => str(M._daisy_keypair(p)));
-  let k;
-  try {
-    k = JSON.parse(out);
-  } catch (_) {
-    return fatal('The browser node\'s module gave no key pair: ' + out);
+  let k = null;
+  if (saved && typeof saved.public_key === 'string' && typeof saved.secret_key === 'string') {
+    const fingerprint = withCString(saved.public_key, (p) => str(M._daisy_fingerprint(p)));
+    if (fingerprint && /^[0-9A-Za-z.\-:+=^!/*?&<>()[\]{}@%$#]{40}$/.test(saved.secret_key))
+      k = { public_key: saved.public_key, secret_key: saved.secret_key, fingerprint };
   }
-  if (k.error) {
-    if (secret) return keys('');  // a damaged stored key: a new one (a new fingerprint to approve)
-    return fatal('The browser node cannot make a key pair: ' + k.error);
+  if (!k) {
+    try {
+      k = JSON.parse(str(M._daisy_keypair()));
+    } catch (e) {
+      return fatal('The browser node could not make a key pair (' + (e && e.message ? e.message : e) + ').');
+    }
   }
-  postMessage({ type: 'keys', public_key: k.public_key, secret_key: k.secret_key, id: k.id,
-                fingerprint: fingerprintOf(k.id) });
+  postMessage({ type: 'keys', public_key: k.public_key, secret_key: k.secret_key, fingerprint: k.fingerprint,
+                id: k.fingerprint.replaceAll('-', '') });
 }
 
+// The ring member: answers 'started' when it runs, then the page opens the link.
 function start() {
   event({ kind: 'error', message: 'This build of the browser node holds no layers: its module has no ring member.' });
 }
@@ -96,7 +98,7 @@ onmessage = async (ev) => {
       await init();
       break;
     case 'keys':
-      if (M) keys(m.secret);
+      if (M) keys(m.saved);
       break;
     case 'start':
       if (M) start(m);

@@ -131,9 +131,11 @@ await runTest('join_browser_test', async () => {
     await page.locator('#join-status[data-state="approved"]').waitFor();
     const after = (await page.locator('#my-fpr').innerText()).trim();
     check(after === mine, `after a reload the tab's fingerprint is ${after}, was ${mine}`);
-    const stored = await page.evaluate(() => localStorage.getItem('daisy_tab_key_v1'));
-    check(/^\{"secret":"[0-9A-Za-z.\-:+=^!/*?&<>()[\]{}@%$#]{40}"\}$/.test(stored || ''),
-      `the page's storage holds ${JSON.stringify(stored)}, not its secret key in Z85`);
+    const stored = JSON.parse(await page.evaluate(() => localStorage.getItem('daisy_tab_key_v1')) || 'null');
+    const z85 = /^[0-9A-Za-z.\-:+=^!/*?&<>()[\]{}@%$#]{40}$/;
+    check(stored && z85.test(stored.public_key) && z85.test(stored.secret_key) && stored.public_key !== stored.secret_key,
+      `the page's storage holds ${JSON.stringify(stored)}, not its key pair in Z85`);
+    check(pending.id === myId, `serve's id for the tab ${pending.id} is not the page's ${myId}`);
 
     step('the test Hub answers a browser page across origins (CORS)');
     const repos = path.join(tmp, 'repos');
