@@ -11,7 +11,12 @@
 //   - a reload keeps the key (the same fingerprint) and is approved at once;
 //   - the test Hub answers a browser page across origins: a ranged, authorized GET (a
 //     preflight) and a redirect to its CDN server, with Content-Range and X-Repo-Commit
-//     readable by the page.
+//     readable by the page;
+//   - on plain HTTP (a LAN address; here another origin routed to serve) the page says what
+//     plain HTTP leaves unprotected; on HTTPS with an http:// Hub endpoint, that the browser
+//     blocks the downloads; on 127.0.0.1, nothing;
+//   - without the module (a binary built without Emscripten; the test answers 404 for it)
+//     the page says the browser node is not built in and offers no Join.
 // Screenshots join-360-pending.png and join-360-approved.png go to DAISY_ARTIFACT_DIR.
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -167,6 +172,37 @@ await runTest('join_browser_test', async () => {
     check(got.big.status === 206 && !got.big.url.startsWith(hub + '/') &&
       Buffer.from(got.big.bytes).equals(model.subarray(0, 8)), `a ranged GET through the CDN redirect: ${JSON.stringify(got.big)}`);
     check(got.refused.status === 401 && got.refused.code === 'GatedRepo', `without a token: ${JSON.stringify(got.refused)}`);
+
+    step('what the page says on plain HTTP and on HTTPS (the page under another origin, routed here)');
+    for (const origin of ['http://daisy-host.test:8788', 'https://daisy-host.test']) {
+      const other = await phone.newPage();
+      await other.route(origin + '/**', async (r) => {
+        const u = new URL(r.request().url());
+        r.fulfill({ response: await r.fetch({ url: base + u.pathname + u.search }) });
+      });
+      await other.goto(origin + '/join');
+      await other.locator('#server-fpr').filter({ hasText: key.fingerprint }).waitFor();
+      const note = other.locator('#transport-note');
+      await note.waitFor();
+      const text = await note.innerText();
+      if (origin.startsWith('http:'))
+        check(text.includes('plain HTTP') && text.includes('check both fingerprints'), `on plain HTTP the page says: ${text}`);
+      else  // this serve's Hub endpoint is http://: an HTTPS page may not fetch from it
+        check(text.includes('HTTPS') && text.includes('http://127.0.0.1:9/hub-for-tabs') && text.includes('blocks'),
+          `on HTTPS with an http:// Hub the page says: ${text}`);
+      await other.close();
+    }
+    check(await page.locator('#transport-note').isHidden(), 'on 127.0.0.1 the page warns about plain HTTP');
+
+    step('a binary without the browser node: the page says so');
+    const bare = await phone.newPage();
+    await bare.route('**/daisy_engine.*', (r) => r.fulfill({ status: 404, body: '' }));
+    await bare.goto(`${base}/join`);
+    await bare.locator('#fatal').waitFor();
+    const said = await bare.locator('#fatal').innerText();
+    check(said.includes('built without Emscripten') && said.includes('daisychain node'), `the page says: ${said}`);
+    check(await bare.locator('#join-btn').isDisabled(), 'Join is offered without a browser node');
+    await bare.close();
 
     check(pageErrors.length === 0, 'the pages threw:\n' + pageErrors.join('\n'));
     ok = true;
