@@ -7,9 +7,7 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
 ARM64_BUILD ?= build-arm64
-# The native build compiles the browser node's module in $(BUILD)/wasm for serve's join page
-# (src/server/CMakeLists.txt); test-wasm builds its tests in the same tree, reusing it.
-WASM_BUILD ?= $(BUILD)/wasm
+WASM_BUILD ?= build-wasm
 FUZZ_SECONDS ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
@@ -18,7 +16,7 @@ BIN        := $(BUILD)/apps/cli/daisychain
 LINT_EXCLUDE ?= scripts/lint-exclude.txt
 TIDY_SCOPE ?= modules
 
-.PHONY: all deps configure build test test-unit test-asan test-arm64 test-wasm fuzz-build fuzz fuzz-smoke format lint tidy demo bench clean
+.PHONY: all deps configure build test test-unit asan-build test-asan arm64-build test-arm64 wasm-build test-wasm prebuild fuzz-build fuzz fuzz-smoke format lint tidy demo bench clean
 
 all: build
 
@@ -38,9 +36,11 @@ test-unit: build
 
 # The parsers (safetensors, config, tokenizer, ...) again under AddressSanitizer and
 # UndefinedBehaviorSanitizer: every test labelled "parser".
-test-asan: deps
+asan-build: deps
 	cmake -S . -B $(ASAN_BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DDAISY_SANITIZE=ON -DDAISY_BUILD_BENCH=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target daisy_parser_tests
+
+test-asan: asan-build
 	ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) -L parser
 
 # libFuzzer targets (clang, ASan+UBSan): the safetensors header, config -> spec, the
@@ -92,7 +92,20 @@ lint: configure
 tidy: configure
 	BUILD=$(BUILD) JOBS=$(JOBS) LINT_EXCLUDE="$(LINT_EXCLUDE)" TIDY_SCOPE="$(TIDY_SCOPE)" bash scripts/lint.sh tidy
 
-test: test-unit tidy test-asan fuzz-smoke test-arm64 test-wasm
+# The builds of the other test stages alone (incremental; the stages above build too).
+arm64-build: deps
+	BUILD_DIR=$(abspath $(ARM64_BUILD)) JOBS=$(JOBS) BUILD_ONLY=1 bash scripts/test-arm64.sh
+
+wasm-build: deps
+	BUILD_DIR=$(abspath $(WASM_BUILD)) JOBS=$(JOBS) BUILD_ONLY=1 bash scripts/test-wasm.sh
+
+prebuild: asan-build fuzz-build arm64-build wasm-build
+
+# Everything, in this order: build, ctest, clang-tidy, ASan, fuzz smoke, arm64, wasm. Most
+# of ctest's time is its serial ring tests waiting on sockets, so the later stages' builds
+# (`prebuild`) run beside it at the lowest CPU priority (scripts/test-all.sh).
+test: build
+	BUILD=$(BUILD) JOBS=$(JOBS) bash scripts/test-all.sh
 
 demo: build
 	$(BIN) demo

@@ -5,7 +5,8 @@
 # PREFILL-token prompt (default 512) with 1, 2 and 3 stages of THREADS kernel threads each
 # (default 1): pipelined chunks keep every stage busy at once. Prints numbers only; figures
 # are medians of REPEAT runs. Usage: bench/ring_bench.sh MODEL_DIR [TOKENS] [REPEAT]
-# Environment: PREFILL (prompt tokens), THREADS (per stage), SKIP_DECODE=1 (prefill only).
+# Environment: PREFILL (prompt tokens), THREADS (per stage), SKIP_DECODE=1 (prefill only),
+# PREFILL_CHUNK (the ring's chunk, `run --prefill-chunk`; default: the head's choice).
 set -euo pipefail
 BIN=${BIN:-build/apps/cli/daisychain}
 MODEL=${1:?usage: bench/ring_bench.sh MODEL_DIR [TOKENS] [REPEAT]}
@@ -91,7 +92,7 @@ for stages in 2 3; do
   ps=(); busy=()
   for r in $(seq "$REPEAT"); do
     out=$(DAISY_HOME=$TMP/head $BIN run --join 127.0.0.1:$PORT --model "$MODEL" --prompt "$PROMPT" -n 1 --stages $stages \
-          --plan "$(even $stages)" --threads "$THREADS" --json 2>/dev/null)
+          --plan "$(even $stages)" --threads "$THREADS" --prefill-chunk "${PREFILL_CHUNK:-0}" --json 2>/dev/null)
     ps+=("$(echo "$out" | field "['prompt_ids'].__len__() / d['prefill_seconds']")")
     # How much of the prefill each node spent inside its layers: near 1 when the chunks keep
     # it busy (pipelined), about 1/stages when it waits for one chunk at a time.

@@ -18,6 +18,11 @@ export NODE_PATH=/usr/share/nodejs${NODE_PATH:+:$NODE_PATH}
 # Debian ships Emscripten's system libraries prebuilt in its read-only, frozen cache
 # (/usr/share/emscripten/cache): the first run builds nothing there and works for any user.
 # EM_CACHE, when set, must hold a complete cache of the same version.
+# One build at a time in a folder (two ninjas in one tree can corrupt its logs): the native
+# build's engine step and `make wasm-build` may be pointed at the same folder.
+mkdir -p "$build"
+exec 9>"$build/.daisy-build.lock"
+flock 9
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   launcher=()
   if command -v ccache >/dev/null; then

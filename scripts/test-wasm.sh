@@ -26,6 +26,7 @@ build=${BUILD_DIR:-$root/build-wasm}
 start=$SECONDS
 BUILD_DIR=$build bash "$root/scripts/build-wasm.sh"
 built=$SECONDS
+if [[ -n "${BUILD_ONLY:-}" ]]; then echo "test-wasm: built in $((built - start)) s (BUILD_ONLY: not run)"; exit 0; fi
 
 # Excluded: the tests of the thread pool and of thread counts. This build has no pthreads
 # (a page served over plain HTTP on a LAN cannot have SharedArrayBuffer, so the browser

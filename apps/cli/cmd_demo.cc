@@ -87,6 +87,7 @@ int RunDemo(const DemoFlags& f) {
   mo.zmq_port = std::stoi((*rv)->address().substr((*rv)->address().rfind(':') + 1));
   mo.http_port = (*join_server)->port();
   mo.relay_port = (*rv)->relay_port();
+  mo.link_port = (*rv)->link_port();  // browser tabs: GET /api/link
   auto mux = net::PortMux::Start(mo);
   if (!mux.ok()) return ReportError(mux.status().message());
   const std::string join = "127.0.0.1:" + std::to_string((*mux)->port());

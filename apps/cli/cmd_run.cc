@@ -26,6 +26,7 @@ struct RunFlags {
   std::string prompt;
   GenFlags gen;
   int stages = 0;
+  int prefill_chunk = 0;
   std::string plan;
   bool verify = false;
   SessionOptions session;  // --audit, --audit-seed
@@ -79,6 +80,7 @@ int RunRun(const RunFlags& f) {
   o.model = f.model;
   o.prompt = f.prompt;
   o.generate = ToGenerateOptions(f.gen);
+  o.generate.prefill_chunk = f.prefill_chunk;
   so.lookahead = o.generate.lookahead;
   o.ctx = f.gen.ctx;
   if (f.stages > 0) so.stages = f.stages;
@@ -127,6 +129,10 @@ DAISY_REGISTER_COMMAND(run, 80, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--stages", f->stages, "Split over exactly N devices including this one (waits up to 30 s for them)")
       ->check(CLI::Range(1, 256));
   sub->add_option("--plan", f->plan, "Layers per stage, this device first, e.g. 2,2,1");
+  sub->add_option("--prefill-chunk", f->prefill_chunk,
+                  "Prompt positions per chunk of the pipelined prefill (every stage works on its own chunk at once); "
+                  "0 = the head's default (the same bits either way)")
+      ->check(CLI::Range(0, 1 << 20));
   sub->add_flag(
       "--verify", f->verify,
       "Afterwards run the whole model here and compare the token ids and the bits of every step (final "

@@ -170,6 +170,7 @@ int RunServe(const ServeFlags& f) {
   mo.zmq_port = PortOf((*rv)->address());
   mo.http_port = (*server)->port();
   mo.relay_port = (*rv)->relay_port();
+  mo.link_port = (*rv)->link_port();  // browser tabs: GET /api/link
   auto mux = net::PortMux::Start(mo);
   if (!mux.ok()) return ReportError(mux.status().message());
   mux_now.store(mux->get());

@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "daisy/status.h"
@@ -83,6 +84,43 @@ class PeerBoxes {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- the browser tab's link (docs/WIRE.md, "link") ----
+
+// A browser tab reaches serve over one WebSocket at GET kLinkPath on serve's port (PortMux
+// hands the upgrade to the rendezvous's link server). Every message is binary. serve sends
+// kLinkMagic, kLinkVersion, its rendezvous key (Z85) and a challenge; the tab answers with
+// the magic, the version, its key (Z85) and a relay envelope (tab -> rendezvous) holding that
+// challenge and one of its own; serve answers with an envelope holding the tab's challenge.
+// After that each message is one envelope between the tab's key and the rendezvous key
+// (PeerBoxes), whose inner frame is a wire::Message: join, heartbeat, bye and member
+// envelopes up; peer lists, errors and member envelopes down.
+inline constexpr std::string_view kLinkPath = "/api/link";
+inline constexpr std::string_view kLinkMagic = "DCL1";
+inline constexpr uint8_t kLinkVersion = 1;
+inline constexpr size_t kLinkChallengeBytes = 32;
+// The largest message a link takes (an envelope around a whole frame); larger: close 1009.
+inline constexpr size_t kLinkMaxMessage = wire::kMaxFrameBytes + 64;
+// serve pings each link this often; a link that answers no ping for kLinkTimeoutSeconds
+// (or takes nothing serve sends for as long) is closed and its member dropped.
+inline constexpr double kLinkPingSeconds = 2.0;
+inline constexpr double kLinkTimeoutSeconds = 10.0;
+// The WebSocket close codes of a link (1000-1013: RFC 6455's own).
+enum class LinkClose : uint16_t {
+  kNormal = 1000,
+  kGoingAway = 1001,        // serve is stopping
+  kProtocolError = 1002,    // a frame RFC 6455 does not allow (unmasked, reserved bits, ...)
+  kUnsupportedData = 1003,  // a text message: the link is binary
+  kTooBig = 1009,           // a message over kLinkMaxMessage
+  kTryLater = 1013,         // serve holds as many links as it takes
+  kBadHandshake = 4001,     // wrong magic/version/length, a box that does not open, a wrong challenge
+  kRefusedEnvelope = 4002,  // a later envelope refused: wrong ids, a replay or reorder, tampered
+  kNotApproved = 4003,      // the key is not approved in any room (the page asks POST /api/join)
+  kReplaced = 4004,         // a newer link of the same key took over
+  kTooSlow = 4008,          // no pong, no handshake in time, or nothing could be sent for too long
+};
+// Sec-WebSocket-Accept for a Sec-WebSocket-Key: base64(SHA-1(key + RFC 6455's GUID)).
+std::string WebSocketAccept(std::string_view key);
 
 // One device's place on the network: an inbox every peer sends to (a bound PULL socket)
 // and an outbox per peer it sends to (PUSH sockets, connected on first use). Stage-to-stage
@@ -220,6 +258,13 @@ struct RendezvousOptions {
   // rendezvous's key and allow-list) that PortMux's SOCKS5 path reaches (relay_port()).
   bool relay = true;
   RelayObserver relay_observer;  // tests: every frame the relay forwards, as it saw it
+  // Browser tabs' links (a WebSocket server on 127.0.0.1, link_port(), that PortMux hands
+  // GET /api/link): each link is a relayed member's connection and its heartbeat. Needs the relay.
+  bool link = true;
+  int max_links = 64;  // links open at once (in their handshake or up); more are closed with 1013
+  double link_ping_s = kLinkPingSeconds;
+  double link_timeout_s = kLinkTimeoutSeconds;  // no pong this long: closed (4008), the member dropped
+  double link_handshake_s = 10;                 // the tab's answer to the challenge must come within this
 };
 
 struct MemberInfo {
@@ -289,6 +334,10 @@ class Rendezvous {
   // sender that is not the envelope's `from`, another room).
   int64_t relayed_frames() const;
   int64_t relay_refusals() const;
+  // The link server's loopback port (PortMuxOptions::link_port); 0 without links. And the
+  // links open now (in their handshake or up).
+  int link_port() const;
+  int links() const;
   // A device asks to join: approved at once when the key is already approved for the
   // room, pre-approved by fingerprint, or auto_approve is on; otherwise pending until the
   // host approves it. InvalidArgument for a malformed key or room; ResourceExhausted when
@@ -322,6 +371,9 @@ struct PortMuxOptions {
   // 127.0.0.1:relay_port takes a SOCKS5 CONNECT to kRelayHost (a relayed member's link to the
   // relay); 0: SOCKS5 is refused like any unknown protocol.
   int relay_port = 0;
+  // 127.0.0.1:link_port takes HTTP connections whose request is GET kLinkPath (a browser tab's
+  // WebSocket link, Rendezvous::link_port()); 0: they go to http_port like any other request.
+  int link_port = 0;
   int max_connections = 256;  // connections beyond this are closed at once
   // From one client address: one host cannot take every slot (a browser opens about 6
   // connections, a device 1-2; 64 leaves room for a few dozen behind one NAT).

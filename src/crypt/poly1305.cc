@@ -27,8 +27,7 @@ void OneTimeAuth(unsigned char* tag, const unsigned char* m, unsigned long long 
   // 2^130 = 5 (mod p): a product landing at limb 5 + i comes back times 5 at limb i.
   const uint64_t s1 = r1 * 5, s2 = r2 * 5, s3 = r3 * 5, s4 = r4 * 5;
   uint64_t h0 = 0, h1 = 0, h2 = 0, h3 = 0, h4 = 0;
-  while (true) {  // bounded: mlen falls by up to 16 each time
-    if (mlen == 0) break;
+  while (mlen > 0) {  // bounded: mlen falls by at least one each time
     // The block as a number, with a 1 just above its last byte (2^128 for a full block).
     unsigned char b[17] = {0};
     const size_t n = mlen < 16 ? static_cast<size_t>(mlen) : 16;

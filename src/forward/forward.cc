@@ -412,8 +412,11 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // quantizes the first's residual, computed in f32 element by element), v as one (two in a
   // narrow model), transposed
   const bool v_two_terms = !cache.vt_res.empty();
-  std::vector<int8_t> vq(static_cast<size_t>(hd)), vq_res(static_cast<size_t>(hd));
-  std::vector<float> kr(static_cast<size_t>(hd));
+  thread_local std::vector<int8_t> vq, vq_res;
+  thread_local std::vector<float> kr;
+  vq.resize(static_cast<size_t>(hd));
+  vq_res.resize(static_cast<size_t>(hd));
+  kr.resize(static_cast<size_t>(hd));
   for (int i = 0; i < n; ++i) {
     const int p = pos[static_cast<size_t>(i)];
     const float* krow = &qkv[static_cast<size_t>(i) * qkv_dim + q_dim];

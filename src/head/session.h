@@ -112,7 +112,8 @@ struct HeadSession::Impl {
   std::vector<head::HeadSlot> slots;
   uint64_t use_clock = 0;
   uint32_t turn = 0;
-  std::set<std::string> suspects;  // devices that failed an attempt: not planned again this turn
+  std::set<std::string> suspects;    // devices that failed an attempt: not planned again this turn
+  bool excluded_by_verdict = false;  // the attempt failed on an audit's verdict (no one died)
   bool joined = false;
   std::mt19937_64 audit_rng;
   std::map<std::pair<int, int>, std::unique_ptr<StageWeights>> audit_weights;

@@ -99,6 +99,7 @@ Result<HeadReport> HeadSession::Impl::Generate(const TurnRequest& request, const
   for (int eos : info->spec.eos_ids) gen.stop_ids.push_back(eos);
   gen.lookahead = o.lookahead;
   suspects.clear();
+  excluded_by_verdict = false;
   head::HeadSlot& slot = SlotFor(r);
   std::vector<int32_t> emitted;
   std::string last_error;
@@ -108,9 +109,13 @@ Result<HeadReport> HeadSession::Impl::Generate(const TurnRequest& request, const
       // A member that died is dropped by the rendezvous once its heartbeats have been
       // silent for net::kDeadAfterSeconds: wait that long (reading the room, and dropping
       // the failed attempt's late frames) so the new plan holds only members alive now.
-      say("waiting " + std::to_string(static_cast<int>(o.settle_s)) + " s for the room to drop members that died");
-      const auto settle = Clock::now();
-      while (Since(settle) < o.settle_s) (void)room->Poll(50, 0);
+      // An audit's verdict names stages that answered (they lied, they did not die): the
+      // plan leaves them out, and no one need be waited for.
+      if (!excluded_by_verdict) {
+        say("waiting " + std::to_string(static_cast<int>(o.settle_s)) + " s for the room to drop members that died");
+        const auto settle = Clock::now();
+        while (Since(settle) < o.settle_s) (void)room->Poll(50, 0);
+      }
       say("re-planning around the devices still in the room and replaying the turn from the start");
       ++report.replays;
     }
@@ -426,6 +431,7 @@ Status HeadSession::Impl::RunLaps(TurnState& t, GenerateOptions gen) {
 Status HeadSession::Impl::LapsFailed(TurnState& t, const head::NetLink& link, Status failure) {
   if (!link.failed_device().empty()) suspects.insert(link.failed_device());
   if (!link.also_failed().empty()) suspects.insert(link.also_failed());
+  excluded_by_verdict = link.bad_position().has_value();
   if (!link.bad_position()) return failure;
   // Tokens sampled from a corrupted position on are not trusted: the replay gives them anew.
   t.report.audit_failures.push_back(failure.message());

@@ -3,7 +3,8 @@
 // 10-byte signature (0xFF ... 0x7F), an HTTP request with a method name and a space; any
 // other connection is closed. Everything after that is relayed unchanged. A relayed member
 // (node --no-listen) reaches the relay through a SOCKS5 CONNECT to kRelayHost, which libzmq
-// speaks before ZMTP (ZMQ_SOCKS_PROXY); the mux answers only that one target.
+// speaks before ZMTP (ZMQ_SOCKS_PROXY); the mux answers only that one target. A browser
+// tab's link (GET /api/link, a WebSocket upgrade) goes to the link server, not the HTTP server.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -42,7 +43,7 @@ void SetNoDelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-enum class Kind { kNeedMore, kZmtp, kHttp, kSocks, kOther };
+enum class Kind { kNeedMore, kZmtp, kHttp, kSocks, kLink, kOther };
 
 constexpr size_t kIdentifyBytes = 10;  // enough for the ZMTP signature, "OPTIONS " and a SOCKS5 greeting
 
@@ -73,6 +74,18 @@ Kind Identify(const unsigned char* p, size_t n) {
     if (got.size() < m.size() && m.substr(0, got.size()) == got) partial = true;
   }
   return partial ? Kind::kNeedMore : Kind::kOther;
+}
+
+// A browser tab's link: "GET /api/link" then a space or a query. kLink, kHttp (anything
+// else), or kNeedMore while the bytes so far could still be either.
+Kind IdentifyLink(const unsigned char* p, size_t n) {
+  const std::string prefix = "GET " + std::string(kLinkPath);
+  const std::string_view got(reinterpret_cast<const char*>(p), n);
+  const size_t k = std::min(got.size(), prefix.size());
+  if (got.substr(0, k) != std::string_view(prefix).substr(0, k)) return Kind::kHttp;
+  if (got.size() <= prefix.size()) return Kind::kNeedMore;
+  const char next = got[prefix.size()];
+  return next == ' ' || next == '?' ? Kind::kLink : Kind::kHttp;
 }
 
 constexpr auto kRefusalLogEvery = std::chrono::seconds(10);  // under a flood, one line per 10 s
@@ -195,6 +208,28 @@ struct PortMux::Impl {
     return Kind::kNeedMore;
   }
 
+  // An HTTP connection: is it a browser tab's link (GET /api/link)? Peeks until the request
+  // target says so; a client that stops mid-way is left to the HTTP server's own timeouts.
+  Kind AwaitLink(int client) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(options.identify_timeout_s));
+    unsigned char head[32];
+    ssize_t seen = 0;
+    while (!stop.load() && Clock::now() < deadline) {
+      const ssize_t n = ::recv(client, head, sizeof head, MSG_PEEK);
+      if (n <= 0) return Kind::kHttp;
+      const Kind kind = IdentifyLink(head, static_cast<size_t>(n));
+      if (kind != Kind::kNeedMore) return kind;
+      if (n == seen) {
+        pollfd pfd{client, POLLIN, 0};
+        ::poll(&pfd, 1, 20);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      seen = n;
+    }
+    return Kind::kHttp;
+  }
+
   // Reads exactly n bytes by the deadline; false when the client closes, fails or is late.
   bool ReadExact(int fd, unsigned char* p, size_t n, Clock::time_point deadline) {
     while (n > 0) {
@@ -248,7 +283,8 @@ struct PortMux::Impl {
   void Serve(int client, const std::string& source) {
     SetNonBlocking(client);
     SetNoDelay(client);
-    const Kind kind = Await(client);
+    Kind kind = Await(client);
+    if (kind == Kind::kHttp && options.link_port > 0) kind = AwaitLink(client);
     if (kind == Kind::kSocks) {
       const std::string refused = SocksHandshake(client);
       if (refused.empty()) {
@@ -271,17 +307,19 @@ struct PortMux::Impl {
       ::close(client);
       return;
     }
-    const bool have = kind == Kind::kZmtp || kind == Kind::kHttp;
+    const bool have = kind == Kind::kZmtp || kind == Kind::kHttp || kind == Kind::kLink;
     if (!have && !stop.load()) {
       std::lock_guard<std::mutex> lock(mu);
       NoteRefusal(false, source + (kind == Kind::kNeedMore ? " said too little in time" : " sent something else"));
     }
     if (have) {
-      const bool zmtp = kind == Kind::kZmtp;
-      const int target_port = zmtp ? options.zmq_port : options.http_port;
+      const int target_port = kind == Kind::kZmtp   ? options.zmq_port
+                              : kind == Kind::kLink ? options.link_port
+                                                    : options.http_port;
       const int backend = ConnectLoopback(target_port);
       if (backend < 0) {
-        LogWarning("port mux: cannot reach the internal " + std::string(zmtp ? "rendezvous" : "HTTP server") +
+        const char* what = kind == Kind::kZmtp ? "rendezvous" : kind == Kind::kLink ? "link server" : "HTTP server";
+        LogWarning("port mux: cannot reach the internal " + std::string(what) +
                    " at 127.0.0.1:" + std::to_string(target_port));
       } else {
         SetNonBlocking(backend);

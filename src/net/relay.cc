@@ -1,10 +1,10 @@
 // RelayCore: serve's relay for members that accept no connections (node --no-listen).
 //
-// Up: a relayed member's DEALER reaches the ROUTER here through PortMux's SOCKS5 path; any
-// other member sends envelopes to the rendezvous's inbox, which hands them over (Forward).
-// Down: to a relayed member on its ROUTER connection, to any other member at its inbox
-// through an outbox of the rendezvous's key (which every member's inbox admits). The relay
-// decodes an envelope's two device ids and nothing inside its box.
+// Up: a relayed member's DEALER reaches the ROUTER here through PortMux's SOCKS5 path; a
+// browser tab's link (LinkServer) and any other member hand envelopes over (Forward).
+// Down: to a relayed member on its ROUTER connection or its tab's link (AttachLink), to any
+// other member at its inbox through an outbox of the rendezvous's key (which every member's
+// inbox admits). The relay decodes an envelope's two device ids and nothing inside its box.
 #include "relay.h"
 
 #include <fcntl.h>
@@ -38,13 +38,22 @@ struct RelayCore::Impl {
   int port = 0;
   int wake[2] = {-1, -1};  // a pipe: the queue has work
   struct Item {
-    bool deliver = false;  // a frame of the rendezvous for a relayed member, else an envelope
-    std::string who;       // deliver: the device id; envelope: the key that sent it
+    // kDeliver: a frame of the rendezvous for a relayed member; kEnvelope: an envelope to route;
+    // kAttach/kDetach: a member's other kind of link comes or goes.
+    enum class Kind { kEnvelope, kDeliver, kAttach, kDetach } kind = Kind::kEnvelope;
+    std::string who;  // the device id; kEnvelope: the key that sent it
     std::vector<uint8_t> frame;
+    uint64_t link = 0;
+    LinkSink sink;
+  };
+  struct OtherLink {
+    uint64_t id = 0;
+    LinkSink sink;
   };
   std::mutex mu;
   std::deque<Item> queue;
-  std::map<std::string, std::string> links;  // device id -> ROUTER routing id (relay thread only)
+  std::map<std::string, std::string> links;      // device id -> ROUTER routing id (relay thread only)
+  std::map<std::string, OtherLink> other_links;  // device id -> a tab's link (relay thread only)
   std::atomic<int64_t> n_forwarded{0}, n_refused{0};
   std::atomic<bool> stop{false};
   std::thread thread;
@@ -75,6 +84,8 @@ struct RelayCore::Impl {
   }
 
   bool SendDown(const std::string& device_id, const std::vector<uint8_t>& frame) {
+    auto other = other_links.find(device_id);
+    if (other != other_links.end()) return other->second.sink(frame);
     auto link = links.find(device_id);
     if (link == links.end()) return false;
     try {
@@ -138,6 +149,7 @@ struct RelayCore::Impl {
         if (it != links.end() && it->second == routing_id) return;  // the same link saying it again
         if (it == links.end()) LogInfo("relay: device " + Fingerprint(sender_key) + " is connected to the relay");
         links[hb->device_id] = routing_id;
+        other_links.erase(hb->device_id);  // the newest link of a device is the one that counts
         // A new link (or a reconnected one) has missed what was sent before: its room's list.
         if (on_attach) on_attach(hb->device_id);
         return;
@@ -172,11 +184,24 @@ struct RelayCore::Impl {
       std::lock_guard<std::mutex> lock(mu);
       items.swap(queue);
     }
-    for (const Item& item : items) {
-      if (!item.deliver) {
-        Route(item.who, item.frame);
-      } else if (!SendDown(item.who, item.frame)) {
-        LogDebug("relay: " + item.who + " is not connected yet; its peer list waits for it to attach");
+    for (Item& item : items) {
+      switch (item.kind) {
+        case Item::Kind::kEnvelope:
+          Route(item.who, item.frame);
+          break;
+        case Item::Kind::kDeliver:
+          if (!SendDown(item.who, item.frame))
+            LogDebug("relay: " + item.who + " is not connected yet; its peer list waits for it to attach");
+          break;
+        case Item::Kind::kAttach:
+          links.erase(item.who);
+          other_links[item.who] = OtherLink{item.link, std::move(item.sink)};
+          break;
+        case Item::Kind::kDetach: {
+          auto it = other_links.find(item.who);
+          if (it != other_links.end() && it->second.id == item.link) other_links.erase(it);
+          break;
+        }
       }
     }
   }
@@ -243,11 +268,19 @@ void RelayCore::SetAllowed(const std::vector<std::string>& public_keys) {
 }
 
 void RelayCore::Forward(std::string sender_key, std::vector<uint8_t> frame) {
-  impl_->Push(Impl::Item{false, std::move(sender_key), std::move(frame)});
+  impl_->Push(Impl::Item{Impl::Item::Kind::kEnvelope, std::move(sender_key), std::move(frame), 0, nullptr});
 }
 
 void RelayCore::Deliver(std::string device_id, std::vector<uint8_t> frame) {
-  impl_->Push(Impl::Item{true, std::move(device_id), std::move(frame)});
+  impl_->Push(Impl::Item{Impl::Item::Kind::kDeliver, std::move(device_id), std::move(frame), 0, nullptr});
+}
+
+void RelayCore::AttachLink(std::string device_id, uint64_t link, LinkSink sink) {
+  impl_->Push(Impl::Item{Impl::Item::Kind::kAttach, std::move(device_id), {}, link, std::move(sink)});
+}
+
+void RelayCore::DetachLink(std::string device_id, uint64_t link) {
+  impl_->Push(Impl::Item{Impl::Item::Kind::kDetach, std::move(device_id), {}, link, nullptr});
 }
 
 int64_t RelayCore::forwarded() const {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daisy/net.h"
+#include "link.h"
 
 namespace daisy::net {
 
@@ -41,6 +42,11 @@ class RelayCore {
   void Forward(std::string sender_key, std::vector<uint8_t> frame);
   // Thread-safe. A frame of the rendezvous itself (a peer list, an error) for a relayed member.
   void Deliver(std::string device_id, std::vector<uint8_t> frame);
+  // Thread-safe. A relayed member reached through another kind of link (a browser tab's
+  // WebSocket, LinkServer): frames for `device_id` go to `sink` instead of a ROUTER
+  // connection, until DetachLink with the same `link` (a newer link replaces an older one).
+  void AttachLink(std::string device_id, uint64_t link, LinkSink sink);
+  void DetachLink(std::string device_id, uint64_t link);
   int64_t forwarded() const;
   int64_t refused() const;
 

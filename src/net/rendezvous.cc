@@ -15,6 +15,7 @@
 
 #include "daisy/log.h"
 #include "daisy/net.h"
+#include "link.h"
 #include "relay.h"
 
 namespace daisy::net {
@@ -65,7 +66,9 @@ struct Rendezvous::Impl {
   std::vector<std::string> dirty_rooms;                                // rooms whose peer list must be re-sent
   std::atomic<bool> stop{false};
   std::thread thread;
-  std::unique_ptr<RelayCore> relay;  // null without options.relay
+  std::unique_ptr<RelayCore> relay;        // null without options.relay
+  std::unique_ptr<LinkServer> links;       // browser tabs; null without options.link
+  std::map<std::string, uint64_t> linked;  // key -> its tab's link that is up (under mu): its heartbeat
 
   void MarkDirty(const std::string& room) { dirty_rooms.push_back(room); }
 
@@ -176,14 +179,16 @@ struct Rendezvous::Impl {
     for (const auto& [addr, id] : to) SendTo(addr, id, message);
   }
 
-  void Handle(const Endpoint::Frame& frame) {
-    auto msg = wire::Decode(frame.bytes);
+  // A frame from `key`: at the inbox (this thread), or the inner frame of a tab's link
+  // (`from_link`, on the link's thread: such a member is relayed, so nothing here touches the
+  // endpoint for it).
+  void Handle(const std::string& key, std::span<const uint8_t> bytes, bool from_link) {
+    auto msg = wire::Decode(bytes);
     if (!msg.ok()) {
       LogWarning("rendezvous: dropped a frame: " + msg.status().message());
       return;
     }
     const auto now = Clock::now();
-    const std::string& key = frame.sender_key;
     if (auto* j = std::get_if<wire::Join>(&*msg)) {
       std::lock_guard<std::mutex> lock(mu);
       // Only a key approved for this room joins it, under the id its key gives: a device
@@ -199,6 +204,11 @@ struct Rendezvous::Impl {
         return;
       }
       const bool relayed = wire::IsRelayAddress(j->address);
+      if (from_link && !relayed) {
+        LogWarning("rendezvous: ignored a join from " + Fingerprint(key) + " at " + j->address +
+                   " over a tab's link: a tab is reached only through its link, as relay://<its device id>");
+        return;
+      }
       if (j->hello.protocol_version != wire::kProtocolVersion) {
         LogWarning("rendezvous: refused " + j->hello.name + ": protocol version " +
                    std::to_string(j->hello.protocol_version) + ", this build speaks " +
@@ -242,25 +252,71 @@ struct Rendezvous::Impl {
     } else if (auto* b = std::get_if<wire::Bye>(&*msg)) {
       std::lock_guard<std::mutex> lock(mu);
       auto it = members.find(b->device_id);
-      if (it != members.end() && it->second.info.public_key == key) {
+      const bool relayed = it != members.end() && wire::IsRelayAddress(it->second.info.address);
+      if (it != members.end() && it->second.info.public_key == key && (relayed || !from_link)) {
         LogInfo("rendezvous: device " + it->second.info.hello.name + " (" + Fingerprint(key) + ") left");
         MarkDirty(it->second.info.room);
-        endpoint->Forget(it->second.info.address);
+        if (!relayed) endpoint->Forget(it->second.info.address);
         members.erase(it);
       }
     } else if (std::holds_alternative<wire::Relay>(*msg) && relay) {
       // An envelope for a relayed member: the relay checks its sender and passes it on.
-      relay->Forward(key, frame.bytes);
+      relay->Forward(key, std::vector<uint8_t>(bytes.begin(), bytes.end()));
     } else {
       // Ring traffic never comes here; whatever did is dropped without being looked at.
       LogWarning("rendezvous: dropped a frame that is not join, heartbeat, bye or a relay envelope");
     }
   }
 
+  // A tab's link finished its handshake: its frames go down the link, and its open link
+  // keeps it in its room (no heartbeats needed). A newer link of a member gets the list again.
+  void LinkUp(const std::string& key, uint64_t link, LinkSink sink) {
+    relay->AttachLink(KeyId(key), link, std::move(sink));  // before the list below is queued
+    std::lock_guard<std::mutex> lock(mu);
+    linked[key] = link;
+    auto it = members.find(KeyId(key));
+    if (it != members.end() && it->second.info.public_key == key) {
+      it->second.last_seen = Clock::now();
+      MarkDirty(it->second.info.room);
+    }
+  }
+
+  // A tab's link ended: unless a newer link of its key took over, its member leaves at
+  // once, as if it had said bye (the head re-plans without it).
+  void LinkDown(const std::string& key, uint64_t link, bool superseded) {
+    relay->DetachLink(KeyId(key), link);
+    if (superseded) return;
+    std::lock_guard<std::mutex> lock(mu);
+    auto l = linked.find(key);
+    if (l == linked.end() || l->second != link) return;
+    linked.erase(l);
+    auto it = members.find(KeyId(key));
+    if (it != members.end() && it->second.info.public_key == key && wire::IsRelayAddress(it->second.info.address)) {
+      LogInfo("rendezvous: device " + it->second.info.hello.name + " (" + Fingerprint(key) + ") left: its link closed");
+      MarkDirty(it->second.info.room);
+      members.erase(it);
+    }
+  }
+
+  // An inner frame up a tab's link: a member envelope goes straight to the relay (no decode
+  // here: it may be a large activation), the rest is handled as at the inbox.
+  void LinkFrame(const std::string& key, std::vector<uint8_t> frame) {
+    if (frame.size() >= 4) {
+      uint32_t tag = 0;
+      for (int i = 3; i >= 0; --i) tag = tag << 8 | frame[i];
+      if (static_cast<int32_t>(tag) == static_cast<int32_t>(wire::Tag::kRelay)) {
+        relay->Forward(key, std::move(frame));
+        return;
+      }
+    }
+    Handle(key, frame, /*from_link=*/true);
+  }
+
   void ExpireDead() {
     const auto now = Clock::now();
     std::lock_guard<std::mutex> lock(mu);
     for (auto it = members.begin(); it != members.end();) {
+      if (linked.count(it->second.info.public_key)) it->second.last_seen = now;  // its open link is its heartbeat
       if (std::chrono::duration<double>(now - it->second.last_seen).count() > options.dead_after_s) {
         LogWarning("rendezvous: lost device " + it->second.info.hello.name + " (" +
                    Fingerprint(it->second.info.public_key) + "): no heartbeat for " +
@@ -278,7 +334,7 @@ struct Rendezvous::Impl {
     auto last_expire = Clock::now();
     while (!stop.load()) {
       auto frame = endpoint->ReceiveFrame(100);
-      if (frame.ok() && frame->has_value()) Handle(**frame);
+      if (frame.ok() && frame->has_value()) Handle((*frame)->sender_key, (*frame)->bytes, /*from_link=*/false);
       if (Clock::now() - last_expire > std::chrono::milliseconds(250)) {
         ExpireDead();
         last_expire = Clock::now();
@@ -300,6 +356,7 @@ Rendezvous::Rendezvous(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Rendezvous::~Rendezvous() {
   impl_->stop.store(true);
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->links.reset();  // its threads hand frames to the relay and the members
   impl_->relay.reset();  // its thread asks Resolve, which needs the members
 }
 
@@ -322,6 +379,26 @@ Result<std::unique_ptr<Rendezvous>> Rendezvous::Start(const RendezvousOptions& o
                                },
                                options.relay_observer));
   }
+  if (options.relay && options.link) {
+    LinkServer::Hooks hooks;
+    hooks.approved = [raw](const std::string& key) {
+      std::lock_guard<std::mutex> lock(raw->mu);
+      for (const auto& [room, keys] : raw->approved)
+        if (keys.count(key)) return true;
+      return false;
+    };
+    hooks.up = [raw](const std::string& key, uint64_t link, LinkSink sink) { raw->LinkUp(key, link, std::move(sink)); };
+    hooks.down = [raw](const std::string& key, uint64_t link, bool superseded) {
+      raw->LinkDown(key, link, superseded);
+    };
+    hooks.frame = [raw](const std::string& key, std::vector<uint8_t> frame) { raw->LinkFrame(key, std::move(frame)); };
+    LinkServer::Options lo;
+    lo.max_links = options.max_links;
+    lo.ping_s = options.link_ping_s;
+    lo.timeout_s = options.link_timeout_s;
+    lo.handshake_s = options.link_handshake_s;
+    DAISY_ASSIGN_OR_RETURN(impl->links, LinkServer::Start(impl->options.keys, std::move(hooks), lo));
+  }
   impl->thread = std::thread([raw] { raw->Loop(); });
   return std::unique_ptr<Rendezvous>(new Rendezvous(std::move(impl)));
 }
@@ -341,6 +418,12 @@ int64_t Rendezvous::relayed_frames() const {
 }
 int64_t Rendezvous::relay_refusals() const {
   return impl_->relay ? impl_->relay->refused() : 0;
+}
+int Rendezvous::link_port() const {
+  return impl_->links ? impl_->links->port() : 0;
+}
+int Rendezvous::links() const {
+  return impl_->links ? impl_->links->links() : 0;
 }
 
 Result<JoinAnswer> Rendezvous::RequestJoin(const JoinRequest& request) {
