@@ -17,6 +17,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsodium-dev                 # key fingerprints (BLAKE2b)
   chromium fonts-dejavu-core    # browser tests (tests/web, driven by playwright-core)
+  zbar-tools                    # zbarimg: decodes the UI's QR codes in the browser tests
   clang-14 libclang-rt-14-dev   # libFuzzer targets (make fuzz, the smoke in make test)
   clang-format clang-tidy       # make format, make lint (in make test): .clang-format, .clang-tidy
   tcpdump                       # the loopback capture test

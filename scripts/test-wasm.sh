@@ -16,7 +16,7 @@
 #   - the browser tab's ring member (src/tab): its link handshake against serve's side and a
 #     hop through it bit for bit (tab_test), and its JS API (tests/wasm/tab_api_test.mjs).
 # `make test-wasm` runs it, and `make test` runs that. See docs/KERNELS.md, "wasm".
-#   needs: scripts/install-deps.sh (emscripten; node.js 20)
+#   needs: scripts/install-deps.sh (emscripten; node.js 20); the build is scripts/build-wasm.sh
 #   env:   BUILD_DIR (default build-wasm, incremental), JOBS (default 2),
 #          SKIP_DETMATH=1 skips detmath_test (~11 s),
 #          NATIVE_BIN: a native daisychain whose probe hash the engine must give (make passes
@@ -24,23 +24,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build-wasm}
-for tool in em++ emcmake node cmake ninja; do
-  command -v "$tool" >/dev/null || { echo "test-wasm: $tool not found (run scripts/install-deps.sh)" >&2; exit 2; }
-done
-# Debian's emscripten runs its JavaScript optimizer with the acorn parser of Debian's
-# node-acorn (/usr/share/nodejs), which a node.js not from Debian does not search.
-export NODE_PATH=/usr/share/nodejs${NODE_PATH:+:$NODE_PATH}
-# Debian ships Emscripten's system libraries prebuilt in its read-only, frozen cache
-# (/usr/share/emscripten/cache): the first run builds nothing there and works for any user.
-# EM_CACHE, when set, must hold a complete cache of the same version.
-launcher=()
-if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
 
 start=$SECONDS
-emcmake cmake -S "$root/tests/wasm" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >/dev/null
-cmake --build "$build" -j"${JOBS:-2}"
+BUILD_DIR=$build bash "$root/scripts/build-wasm.sh"
 built=$SECONDS
 if [[ -n "${BUILD_ONLY:-}" ]]; then echo "test-wasm: built in $((built - start)) s (BUILD_ONLY: not run)"; exit 0; fi
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -349,6 +350,10 @@ TEST_F(ServerTest, StateHasTheDocumentedShape) {
   ASSERT_EQ(key->status, 200);
   const std::string fpr = Json::parse(key->body)["fingerprint"];
   EXPECT_EQ(fpr.size(), 19u);
+  // Where browser tabs fetch their layers: serve's HF_ENDPOINT, or the public Hub.
+  const char* hf = std::getenv("HF_ENDPOINT");
+  EXPECT_EQ(Json::parse(key->body)["hub_endpoint"], hf && *hf ? hf : "https://huggingface.co");
+  EXPECT_EQ(j["join_url"], "");  // on 127.0.0.1: the UI links its own origin's /join
   EXPECT_EQ(j["join"],
             "daisychain node --join 127.0.0.1:" + std::to_string(port_) + " --room default --server-key " + fpr);
   EXPECT_EQ(j["auto_approve"], true);

@@ -209,9 +209,30 @@
 
   // ---------- the room ----------
 
+  // "Use this device" and the QR code for phones: serve's LAN address when it listens on
+  // one (join_url), else this page's own origin.
+  let shownJoinUrl = null;
+  function renderJoinUrl(s) {
+    const url = s.join_url || location.origin + '/join';
+    if (url === shownJoinUrl) return;
+    shownJoinUrl = url;
+    $('join-url').textContent = url;
+    $('join-url').href = url;
+    $('use-device').href = url;
+    show($('join-url-note'), !s.join_url);
+    const box = $('join-qr');
+    box.dataset.url = url;
+    try {
+      box.replaceChildren(window.DaisyQR.svg(url, 4));
+    } catch (e) {
+      box.replaceChildren(el('p', { class: 'hint', text: 'No QR code: ' + (e && e.message ? e.message : e) }));
+    }
+  }
+
   function renderRoom(s) {
     $('room-code').textContent = s.room ? '“' + s.room + '”' : '';
     $('join-cmd').textContent = s.join || '';
+    renderJoinUrl(s);
     show($('auto-approve-note'), !!s.auto_approve);
 
     const busy = $('busy-line');

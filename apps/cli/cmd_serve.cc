@@ -139,6 +139,7 @@ int RunServe(const ServeFlags& f) {
   sv.port = 0;
   sv.room = f.room;
   sv.join_line = join_line;
+  sv.join_url = JoinPageUrl(f.host, f.port);
   sv.auto_approve = f.auto_approve;
   sv.rendezvous = rv->get();
   sv.session = session->get();
@@ -246,6 +247,11 @@ int RunServe(const ServeFlags& f) {
   std::fprintf(stderr, "rendezvous on %s, room '%s'\n", public_hp.c_str(), f.room.c_str());
   std::fprintf(stderr, "server key fingerprint: %s\n", server_fpr.c_str());
   std::fprintf(stderr, "devices join with:  %s\n", join_line.c_str());
+  if (sv.join_url.empty())
+    std::fprintf(stderr, "a browser joins at: http://%s/join (this machine only: --host ADDR lets phones reach it)\n",
+                 public_hp.c_str());
+  else
+    std::fprintf(stderr, "a browser joins at: %s (the UI shows it as a QR code for phones)\n", sv.join_url.c_str());
   std::fprintf(stderr,
                "a head runs with:   daisychain run --join %s --room %s --server-key %s --model SRC --prompt TEXT\n",
                public_hp.c_str(), f.room.c_str(), server_fpr.c_str());

@@ -55,6 +55,11 @@ struct HubOptions {
   double timeout_s = 60;           // a request making no progress this long fails
 };
 
+// The Hub base URL `options` reach: options.endpoint, else $HF_ENDPOINT, else
+// https://huggingface.co, without a trailing '/' (serve tells browser tabs, which fetch
+// their own layers). InvalidArgument when it is not an http(s) URL without a query.
+Result<std::string> HubEndpoint(const HubOptions& options);
+
 // "owner/name": two parts of [A-Za-z0-9._-], each 1..96 characters, not starting or ending
 // with '.' or '-', no ".." or "--". Checked before any id goes into a URL.
 Status ValidateRepoId(std::string_view repo);

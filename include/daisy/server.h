@@ -29,6 +29,9 @@ struct ServerOptions {
   int port = 0;                    // 0: any free port
   std::string room = "default";
   std::string join_line;  // "daisychain node --join HOST:PORT --room ROOM", shown by the UI
+  // The join page's URL for phones (JoinPageUrl), shown by the UI as a link and a QR code;
+  // "": the UI uses its own origin.
+  std::string join_url;
   bool auto_approve = false;
   net::Rendezvous* rendezvous = nullptr;  // devices (pending ones too) and approval; may be null
   HeadSession* session = nullptr;         // the head; required
@@ -95,6 +98,12 @@ class Server {
 // True when a server listening on `host` is reachable from this machine only (127.0.0.0/8,
 // ::1, localhost); serve warns at start otherwise.
 bool ListensOnLoopbackOnly(const std::string& host);
+
+// The join page's URL for devices on the network when serve listens on `listen_host`:
+// "http://HOST:PORT/join"; for 0.0.0.0 or ::, an up non-loopback IPv4 address of this
+// machine; "" when serve listens on loopback only (or no such address exists): the UI then
+// shows its own origin's /join.
+std::string JoinPageUrl(const std::string& listen_host, int port);
 
 // Only the join endpoints of a rendezvous (GET /api/key, POST /api/join; docs/HTTP.md),
 // for a room run without the rest of serve (the demo). Thread-safe.

@@ -635,6 +635,10 @@ class HubModelSource final : public ModelSource {
 
 }  // namespace
 
+Result<std::string> HubEndpoint(const HubOptions& options) {
+  return ResolveEndpoint(options.endpoint);
+}
+
 Status RuntimeToken::Set(std::string_view token) {
   if (token.size() < 4 || token.size() > 1024)
     return InvalidArgument("a Hugging Face token has 4 to 1024 characters (hf_...); this one has " +

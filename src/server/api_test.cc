@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "assets.h"
+#include "daisy/server.h"
 
 namespace daisy::srv {
 namespace {
@@ -296,6 +297,42 @@ TEST(Assets, TheUiIsEmbedded) {
   ASSERT_NE(FindAsset("/chat.js"), nullptr);
   ASSERT_NE(FindAsset("/chat.css"), nullptr);
   EXPECT_EQ(FindAsset("/secret.txt"), nullptr);
+}
+
+TEST(Assets, TheJoinPageAndTheBrowserNodeAreEmbedded) {
+  const Asset* join = FindAsset("/join");
+  ASSERT_NE(join, nullptr);
+  EXPECT_EQ(join, FindAsset("/join.html"));
+  EXPECT_NE(join->bytes.find("/join.js"), std::string_view::npos);
+  for (const char* file : {"/join.js", "/join.css", "/qr.js", "/tab_worker.js"})
+    EXPECT_NE(FindAsset(file), nullptr) << file;
+  // Present when the binary was built with Emscripten (CMake says when it was not).
+  for (const Asset& a : EngineAssets()) {
+    EXPECT_EQ(FindAsset(a.path), &a);
+    if (a.path.ends_with(".wasm")) {
+      EXPECT_EQ(a.content_type, "application/wasm") << a.path;
+      EXPECT_EQ(a.bytes.substr(0, 4), std::string_view("\0asm", 4)) << a.path;
+    } else {
+      EXPECT_EQ(a.content_type, "text/javascript; charset=utf-8") << a.path;
+    }
+  }
+}
+
+TEST(JoinPageUrl, PhonesAreSentToTheAddressServeListensOn) {
+  EXPECT_EQ(JoinPageUrl("192.168.1.10", 8788), "http://192.168.1.10:8788/join");
+  EXPECT_EQ(JoinPageUrl("daisy-host.lan", 9000), "http://daisy-host.lan:9000/join");
+  EXPECT_EQ(JoinPageUrl("fd00::7", 8788), "http://[fd00::7]:8788/join");
+  // Loopback: no address a phone could use; the UI shows its own origin instead.
+  for (const char* host : {"127.0.0.1", "127.0.0.2", "localhost", "::1", ""}) EXPECT_EQ(JoinPageUrl(host, 8788), "");
+  // Every address: one of this machine's own, never the wildcard itself.
+  for (const char* any : {"0.0.0.0", "::"}) {
+    const std::string url = JoinPageUrl(any, 8788);
+    EXPECT_EQ(url.find("0.0.0.0"), std::string::npos);
+    EXPECT_EQ(url.find("[::]"), std::string::npos);
+    if (!url.empty()) {
+      EXPECT_TRUE(url.starts_with("http://") && url.ends_with(":8788/join")) << url;
+    }
+  }
 }
 
 }  // namespace

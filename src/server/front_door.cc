@@ -1,6 +1,10 @@
 #include "front_door.h"
 
+#include <cstdint>
 #include <exception>
+#include <map>
+#include <mutex>
+#include <span>
 
 #include "assets.h"
 
@@ -56,16 +60,49 @@ void FrontDoor::HandlePage(const std::string& path, const httplib::Request& req,
         "text/html; charset=utf-8");
     return;
   }
-  ServeAsset(path, res);
+  ServeAsset(path, req, res);
 }
 
-void FrontDoor::ServeAsset(const std::string& path, httplib::Response& res) {
+namespace {
+
+// An asset's validator: its bytes' FNV-1a hash, so a phone that reloads the join page is
+// answered 304 rather than sent the browser node's module again.
+std::string EtagOf(std::string_view bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (int shift = 60; shift >= 0; shift -= 4) out += kHex[(h >> shift) & 15];
+  return out + "\"";
+}
+
+}  // namespace
+
+void FrontDoor::ServeAsset(const std::string& path, const httplib::Request& req, httplib::Response& res) {
   const Asset* a = FindAsset(path);
   if (!a) {
     res.status = 404;
     return;
   }
+  // Computed once per asset (a handful, fixed at build time).
+  static std::mutex mu;
+  static std::map<std::string_view, std::string> etags;
+  std::string etag;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = etags.find(a->path);
+    if (it == etags.end()) it = etags.emplace(a->path, EtagOf(a->bytes)).first;
+    etag = it->second;
+  }
   res.set_header("Cache-Control", "no-cache");
+  res.set_header("ETag", etag);
+  if (req.get_header_value("If-None-Match") == etag) {
+    res.status = 304;
+    return;
+  }
   res.set_content(std::string(a->bytes), std::string(a->content_type).c_str());
 }
 
@@ -75,8 +112,16 @@ void FrontDoor::AddRoutes(GuardedHttpServer& http) const {
   http.SetGuard([this](const Req& req, Res& res) { return Refuse(req, res); });
   for (const char* page : {"/", "/index.html"})
     http.Get(page, [this, page](const Req& req, Res& res) { HandlePage(page, req, res); });
-  for (const char* asset : {"/app.js", "/style.css", "/chat.js", "/chat.css"})
-    http.Get(asset, [asset](const Req&, Res& res) { ServeAsset(asset, res); });
+  // Every other embedded file needs no secret: the UI's scripts and styles, the join page
+  // (GET /join) and the browser node's worker and module, which devices load.
+  for (std::span<const Asset> table : {WebAssets(), EngineAssets()}) {
+    for (const Asset& a : table) {
+      if (a.path == "/index.html") continue;
+      const std::string path(a.path);
+      http.Get(path, [path](const Req& req, Res& res) { ServeAsset(path, req, res); });
+    }
+  }
+  http.Get("/join", [](const Req& req, Res& res) { ServeAsset("/join", req, res); });
   // Unknown paths and methods: the OpenAI error shape, not httplib's empty body.
   http.set_error_handler([](const Req& req, Res& res) {
     if (!res.body.empty()) return;

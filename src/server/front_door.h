@@ -1,7 +1,7 @@
 // What every request meets first, and the pages: the access guard (access.h, decided on
 // the headers before a body is read), the UI's page with its admin cookie, the embedded
-// assets, and the OpenAI error shape for unknown paths and failed handlers. Internal to
-// src/server; thread-safe.
+// assets (the join page and the browser node's module among them), and the OpenAI error
+// shape for unknown paths and failed handlers. Internal to src/server; thread-safe.
 #pragma once
 
 #include <string>
@@ -23,7 +23,7 @@ class FrontDoor {
   // Writes the refusal and returns true when `req` may not be served.
   bool Refuse(const httplib::Request& req, httplib::Response& res) const;
   void HandlePage(const std::string& path, const httplib::Request& req, httplib::Response& res) const;
-  static void ServeAsset(const std::string& path, httplib::Response& res);
+  static void ServeAsset(const std::string& path, const httplib::Request& req, httplib::Response& res);
 
   const AccessPolicy policy_;
   const SourceOf source_of_;

@@ -26,13 +26,15 @@ void SendError(httplib::Response& res, int status, const std::string& message, c
 
 }  // namespace
 
-void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rv, std::string room_hint, const SourceOf& source_of) {
-  http.Get("/api/key", [rv, room_hint](const httplib::Request&, httplib::Response& res) {
+void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rv, std::string room_hint, const SourceOf& source_of,
+                   std::string hub_endpoint) {
+  http.Get("/api/key", [rv, room_hint, hub_endpoint](const httplib::Request&, httplib::Response& res) {
     if (!rv) return SendError(res, 503, "this server runs no rendezvous", "", "server_error");
     Send(res, 200,
          Json{{"public_key", rv->public_key()},
               {"fingerprint", net::Fingerprint(rv->public_key())},
-              {"room", room_hint}});
+              {"room", room_hint},
+              {"hub_endpoint", hub_endpoint}});
   });
   http.Post("/api/join", [rv, source_of](const httplib::Request& req, httplib::Response& res) {
     if (!rv) return SendError(res, 503, "this server runs no rendezvous", "", "server_error");

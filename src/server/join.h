@@ -17,8 +17,10 @@ namespace srv {
 // otherwise the peer address httplib saw.
 using SourceOf = std::function<std::string(int remote_port)>;
 
-void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rendezvous, std::string room_hint,
-                   const SourceOf& source_of);
+// `hub_endpoint`: where devices fetch their layers from (serve's HF_ENDPOINT setting; a
+// browser tab reads it from GET /api/key, as it never fetches through serve); "": unknown.
+void AddJoinRoutes(httplib::Server& http, net::Rendezvous* rendezvous, std::string room_hint, const SourceOf& source_of,
+                   std::string hub_endpoint);
 
 }  // namespace srv
 }  // namespace daisy

@@ -4,6 +4,10 @@
 // turn runner that queues every request for the ring. JoinServer: the join endpoints alone.
 #include "daisy/server.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 
 #include <chrono>
@@ -26,6 +30,29 @@ namespace daisy {
 namespace {
 
 using namespace std::chrono_literals;
+
+// Where tabs fetch their layers (GET /api/key); "" when HF_ENDPOINT is no URL (the head's
+// loads say so).
+std::string HubEndpointOrNone(const HubOptions& hub) {
+  auto e = HubEndpoint(hub);
+  return e.ok() ? *e : "";
+}
+
+// An up, non-loopback IPv4 address of this machine ("" when none): the one a phone on the
+// LAN reaches a serve listening on every address at.
+std::string FirstLanAddress() {
+  std::string out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (ifaddrs* i = list; i && out.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    char buf[INET_ADDRSTRLEN] = {0};
+    if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf)) out = buf;
+  }
+  ::freeifaddrs(list);
+  return out;
+}
 
 srv::ConnectionLimits LimitsOf(const ServerOptions& o) {
   srv::ConnectionLimits l;
@@ -111,6 +138,15 @@ bool ListensOnLoopbackOnly(const std::string& host) {
   return srv::IsLoopbackListen(host);
 }
 
+std::string JoinPageUrl(const std::string& listen_host, int port) {
+  if (listen_host.empty() || ListensOnLoopbackOnly(listen_host)) return "";
+  std::string host = listen_host;
+  if (host == "0.0.0.0" || host == "::" || host == "[::]") host = FirstLanAddress();
+  if (host.empty()) return "";
+  if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";  // IPv6 literal
+  return "http://" + host + ":" + std::to_string(port) + "/join";
+}
+
 const std::string& Server::admin_secret() const {
   return impl_->options.admin_secret;
 }
@@ -144,7 +180,8 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   impl->front.AddRoutes(http);
   impl->ui.AddRoutes(http);
   impl->admin.AddRoutes(http);
-  srv::AddJoinRoutes(http, options.rendezvous, options.room, options.source_of);
+  // An HF_ENDPOINT that is no URL: the head's loads say so; tabs are told no endpoint.
+  srv::AddJoinRoutes(http, options.rendezvous, options.room, options.source_of, HubEndpointOrNone(options.hub));
   impl->openai.AddRoutes(http);
   DAISY_ASSIGN_OR_RETURN(impl->port, Bind(http, options.host, options.port));
   impl->listen_thread = Listen(http);
@@ -176,7 +213,7 @@ Result<std::unique_ptr<JoinServer>> JoinServer::Start(const JoinServerOptions& o
   auto impl = std::make_unique<Impl>();
   impl->http.set_read_timeout(10);
   impl->http.set_payload_max_length(size_t{64} << 10);
-  srv::AddJoinRoutes(impl->http, options.rendezvous, options.room, options.source_of);
+  srv::AddJoinRoutes(impl->http, options.rendezvous, options.room, options.source_of, HubEndpointOrNone(HubOptions{}));
   DAISY_ASSIGN_OR_RETURN(impl->port, Bind(impl->http, options.host, options.port));
   impl->listen_thread = Listen(impl->http);
   return std::unique_ptr<JoinServer>(new JoinServer(std::move(impl)));

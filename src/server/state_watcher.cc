@@ -144,6 +144,7 @@ Json StateWatcher::Snapshot(bool may_plan) {
   }
   return Json{{"room", options_.room},
               {"join", options_.join_line},
+              {"join_url", options_.join_url},
               {"auto_approve", options_.auto_approve},
               {"devices", devices},
               {"model", model_json},

@@ -272,6 +272,25 @@ Result<std::unique_ptr<TestHub>> TestHub::Start(std::string root, int port) {
   }
   p->hub.Get(R"(/.*)", [p](const httplib::Request& req, httplib::Response& res) { p->HandleHub(req, res); });
   p->cdn.Get(R"(/.*)", [p](const httplib::Request& req, httplib::Response& res) { p->HandleCdn(req, res); });
+  // Browsers (the join page's tab fetches its own layers) read both servers across origins,
+  // as they read the real Hub and its CDN: every answer allows any origin and shows the
+  // headers the client reads; a preflight (a Range or an Authorization header makes one) is
+  // granted for GET and HEAD.
+  for (auto [s, name] : {std::pair{&p->hub, "hub"}, std::pair{&p->cdn, "cdn"}}) {
+    s->set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Access-Control-Allow-Origin", "*");
+      res.set_header("Access-Control-Expose-Headers",
+                     "Content-Range, Content-Length, Accept-Ranges, ETag, Location, X-Repo-Commit, X-Linked-Size, "
+                     "X-Linked-Etag, X-Error-Code");
+    });
+    s->Options(R"(/.*)", [p, name = std::string(name)](const httplib::Request& req, httplib::Response& res) {
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Methods", "GET, HEAD");
+      res.set_header("Access-Control-Allow-Headers", "Range, Authorization");
+      res.set_header("Access-Control-Max-Age", "600");
+      p->Record(name, req, 204);
+    });
+  }
   if (port == 0) {
     p->hub_port = p->hub.bind_to_any_port("127.0.0.1");
   } else if (p->hub.bind_to_port("127.0.0.1", port)) {

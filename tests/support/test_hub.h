@@ -6,6 +6,9 @@
 // threshold are redirected (302) to a second server, like the Hub's CDN, which records
 // whether a request carried an Authorization header. Ranges are served by pread, so a
 // sparse multi-GB file costs nothing. Switches inject the failures the client must handle.
+// Both servers answer browsers as the Hub does: CORS headers on every answer (any origin,
+// the Content-Range, ETag, X-Repo-Commit, ... headers exposed) and OPTIONS preflights for
+// Range and Authorization (recorded as method "OPTIONS").
 // Thread-safe: switches and counters may be used while requests are in flight.
 #pragma once
 
