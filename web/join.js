@@ -142,7 +142,7 @@
       case 'engine':
         setText('backend', m.backend || '—');
         setText('probe', m.probe_hash ? m.probe_hash + ' (not compared yet)' : '—');
-        post({ type: 'keys', saved: savedKeys() });
+        if (!m.member) post({ type: 'keys', saved: savedKeys() });  // the ring member's hello: no new keys
         break;
       case 'keys':
         onKeys(m);
@@ -159,6 +159,9 @@
         break;
       case 'left':
         closeLink(1000, 'the tab left the room');
+        break;
+      case 'close':
+        closeLink(m.code, m.reason);
         break;
       case 'fatal':
         fatal(m.message);
@@ -195,7 +198,8 @@
         break;
       case 'slice': {
         const n = (e.end || 0) - (e.first || 0);
-        setText('slice', n > 0 ? `${e.first}–${e.end - 1} of ${e.n_layers} (${n}) · ${e.model || ''}` : 'none in this plan');
+        setText('slice', n > 0 ? `${e.first}–${e.end - 1} (${n} layers) of ${e.model || 'the model'}` +
+          (e.bytes ? ', ' + fmtBytes(e.bytes) : '') : 'none in this plan');
         break;
       }
       case 'progress': {
