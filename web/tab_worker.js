@@ -8,8 +8,9 @@
 //   {type: 'keys', saved}                      the key pair `saved` ({public_key, secret_key}
 //                                              in Z85, from the page's storage), or a new one
 //                                              when it is null or not a key
-//   {type: 'start', server_key, room, name, hub_endpoint, budget}
-//                                              run the ring member
+//   {type: 'start', secret_key, server_key, room, name, hub_endpoint, device_bytes}
+//                                              run the ring member (device_bytes: what
+//                                              navigator.deviceMemory says, 0: unknown)
 //   {type: 'link', state: 'open'|'closed', code, reason}
 //   {type: 'recv', data: ArrayBuffer}          one binary message from the link
 //   {type: 'token', token} / {type: 'forget-token'}   the Hub token, held here in memory only
@@ -21,8 +22,9 @@
 //   {type: 'event', event: {kind, ...}}        status {line, level}, slice {first, end,
 //                                              n_layers, model}, progress {done, total},
 //                                              probe {state, hash, ring_hash}, text {head_id,
-//                                              head, stream, kind, index, text},
-//                                              hub_unauthorized {repo}, error {message}
+//                                              head, stream, part, index, text},
+//                                              budget {bytes}, hub_unauthorized {repo},
+//                                              error {message}
 //   {type: 'started'}                          the ring member runs: open the link
 //   {type: 'close', code, reason}              close the link (the member refused a message,
 //                                              or a new Hub token needs a new member)
@@ -91,7 +93,7 @@ function keys(saved) {
 // ---- the ring member (daisy_tab.js, createDaisyTab: apps/wasm/tab_api.cc) ----
 let T = null;       // its module, when this build has one
 let tab = 0;        // the DaisyTab handle of the current link
-let member = null;  // what 'start' gave: key pair, server key, room, name, Hub endpoint, budget
+let member = null;  // what 'start' gave: secret key, server key, room, name, Hub endpoint, budget
 let ticker = 0;
 let myProbe = '';
 
@@ -117,7 +119,8 @@ function newTab() {
   if (tab) T._daisy_tab_free(tab);
   const m = member;
   tab = withTStrings([m.secret_key, m.server_key, m.room, m.name, m.hub_endpoint, hubToken],
-                     (sec, key, room, name, hub, token) => T._daisy_tab_new(sec, key, room, name, m.budget, hub, token));
+                     (sec, key, room, name, hub, token) =>
+                       T._daisy_tab_new(sec, key, room, name, m.budget, hub, token));
   if (!tab) event({ kind: 'error', message: 'The ring member cannot start: ' + tstr(T._daisy_tab_new_error()) });
 }
 
@@ -170,7 +173,8 @@ function flush() {
         event({ kind: 'progress', done: e.done, total: e.total });
         break;
       case 'text':
-        event({ kind: 'text', head_id: e.head_id, head: e.head_name, stream: e.stream, kind: e.kind, index: e.index,
+        // `part`: begin, piece, retract, end, failed (`kind` names the page's event).
+        event({ kind: 'text', head_id: e.head_id, head: e.head_name, stream: e.stream, part: e.kind, index: e.index,
                 text: e.text });
         break;
       case 'error':
@@ -194,7 +198,13 @@ async function start(m) {
                      'ring member (' + (e && e.message ? e.message : e) + ').' });
     }
   }
-  member = m;
+  // The memory this member may offer: wasm32 addresses 4 GiB at most, of which the module already
+  // holds its heap; and no more than the device has, when the browser says.
+  const kWasm32 = 4 * 1024 * 1024 * 1024;
+  let budget = kWasm32 - T.HEAPU8.buffer.byteLength;
+  if (m.device_bytes > 0) budget = Math.min(budget, m.device_bytes);
+  member = Object.assign({}, m, { budget: Math.max(0, budget) });
+  event({ kind: 'budget', bytes: member.budget });
   if (!ticker) ticker = setInterval(() => { if (tab) { T._daisy_tab_tick(tab); flush(); } }, 250);
   postMessage({ type: 'started' });
 }
