@@ -10,8 +10,9 @@
 //       text as the head streamed it, and the Hub saw the tab's ranged reads (its origin);
 //   (b) a 360 px phone tab whose key sorts after the nodes' (the plan orders the devices after
 //       the head by id), so it holds the last stage: VERIFIED, no horizontal scroll;
-//   (c) that tab's browser context closed while the turn's tokens flow (the nodes sleep 30 ms
-//       a hop): the turn is replayed without it and ends with the single-device ids.
+//   (c) that tab's browser context closed while the turn's tokens flow (the nodes,
+//       daisychain_faulty, sleep 30 ms a hop): the turn is replayed without it and ends with
+//       the single-device ids.
 // Screenshots tab-ring-desktop.png and tab-ring-360.png go to DAISY_ARTIFACT_DIR.
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -42,6 +43,11 @@ await runTest('tab_ring_browser_test', async () => {
   requireFile(E.bin, 'the daisychain binary', 'build it first (cmake --build build), or set DAISY_BIN_DIR');
   const testhub = path.resolve(E.binDir, '..', '..', 'tests', 'support', 'testhub');
   requireFile(testhub, 'the test Hub server', 'build it first (cmake --build build --target testhub)');
+  // The nodes sleep 30 ms a hop (the test fault hooks' DAISY_TEST_HOP_DELAY_MS), so that (c)
+  // closes the tab while the turn's tokens still flow.
+  const faulty = path.join(E.binDir, 'daisychain_faulty');
+  requireFile(faulty, 'daisychain with the test fault hooks',
+    'build it (cmake --build build --target daisychain_faulty)');
   fs.mkdirSync(E.artifacts, { recursive: true });
 
   const tmp = tempDir('daisy_web_tabring_');
@@ -88,7 +94,7 @@ await runTest('tab_ring_browser_test', async () => {
     const secret = await waitForServe(base, procs, secretFile);
     const join = `127.0.0.1:${port}`;
     for (const n of ['node-1', 'node-2'])
-      procs.start(n, E.bin, ['node', '--join', join, '--room', room, '--name', n],
+      procs.start(n, faulty, ['node', '--join', join, '--room', room, '--name', n],
         { ...home(n), DAISY_TEST_HOP_DELAY_MS: '30' });
     const nodes = await waitFor('both nodes in the room', async () => {
       const s = await getJSON(`${base}/api/state`, secret);
