@@ -4,7 +4,8 @@
 # (emcmake), then builds incrementally; a CMakeLists change reconfigures by itself.
 #   scripts/build-wasm.sh [TARGET...]   no target: everything (scripts/test-wasm.sh);
 #                                       daisy_engine: the browser node's module, which the
-#                                       native build embeds in serve (src/server/CMakeLists.txt)
+#                                       native build embeds in serve (src/server/CMakeLists.txt);
+#                                       daisy_tab_module: the tab's ring member, embedded beside it
 #   env: BUILD_DIR (default build-wasm), JOBS (default 2)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

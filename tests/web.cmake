@@ -7,7 +7,7 @@ find_program(DAISY_NODE_EXECUTABLE NAMES node nodejs)
 set(DAISY_WEB_TEST_DIR ${CMAKE_CURRENT_SOURCE_DIR}/web)
 set(DAISY_WEB_ARTIFACT_DIR ${CMAKE_BINARY_DIR}/artifacts)
 
-foreach(t browser openai chat_api chat_browser token_browser qr_browser join_browser)
+foreach(t browser openai chat_api chat_browser token_browser qr_browser join_browser tab_ring_browser)
   if(DAISY_NODE_EXECUTABLE)
     set(cmd ${DAISY_NODE_EXECUTABLE} ${DAISY_WEB_TEST_DIR}/${t}_test.mjs)
   else()
@@ -20,3 +20,7 @@ foreach(t browser openai chat_api chat_browser token_browser qr_browser join_bro
     TIMEOUT 180
     ENVIRONMENT "DAISY_BIN_DIR=$<TARGET_FILE_DIR:daisychain>;DAISY_MODELS=${CMAKE_SOURCE_DIR}/models;DAISY_ARTIFACT_DIR=${DAISY_WEB_ARTIFACT_DIR}")
 endforeach()
+# Three rings with a browser tab (serve, two nodes, the test Hub, a head each time).
+if(TEST web_tab_ring_browser_test)
+  set_tests_properties(web_tab_ring_browser_test PROPERTIES TIMEOUT 420)
+endif()

@@ -142,7 +142,7 @@
       case 'engine':
         setText('backend', m.backend || '—');
         setText('probe', m.probe_hash ? m.probe_hash + ' (not compared yet)' : '—');
-        post({ type: 'keys', saved: savedKeys() });
+        if (!m.member) post({ type: 'keys', saved: savedKeys() });  // the ring member's hello: no new keys
         break;
       case 'keys':
         onKeys(m);
@@ -159,6 +159,9 @@
         break;
       case 'left':
         closeLink(1000, 'the tab left the room');
+        break;
+      case 'close':
+        closeLink(m.code, m.reason);
         break;
       case 'fatal':
         fatal(m.message);
@@ -195,7 +198,8 @@
         break;
       case 'slice': {
         const n = (e.end || 0) - (e.first || 0);
-        setText('slice', n > 0 ? `${e.first}–${e.end - 1} of ${e.n_layers} (${n}) · ${e.model || ''}` : 'none in this plan');
+        setText('slice', n > 0 ? `${e.first}–${e.end - 1} (${n} layers) of ${e.model || 'the model'}` +
+          (e.bytes ? ', ' + fmtBytes(e.bytes) : '') : 'none in this plan');
         break;
       }
       case 'progress': {
@@ -214,6 +218,10 @@
         break;
       case 'text':
         showText(e);
+        break;
+      case 'budget':
+        setText('budget', fmtBytes(e.bytes));
+        $('budget').dataset.bytes = String(e.bytes);
         break;
       case 'hub_unauthorized':
         $('token-card').hidden = false;
@@ -252,11 +260,11 @@
         last.remove();
       }
     }
-    if (e.kind === 'piece') t.pieces[e.index] = e.text;
-    if (e.kind === 'retract') t.pieces.length = Math.max(0, e.index);
+    if (e.part === 'piece') t.pieces[e.index] = e.text;
+    if (e.part === 'retract') t.pieces.length = Math.max(0, e.index);
     t.pre.textContent = t.pieces.join('');
-    t.box.dataset.state = e.kind === 'end' ? 'done' : e.kind === 'failed' ? 'failed' : 'streaming';
-    t.who.textContent = (e.head || 'a head') + (e.kind === 'failed' ? ' · failed: ' + (e.text || '') : '');
+    t.box.dataset.state = e.part === 'end' ? 'done' : e.part === 'failed' ? 'failed' : 'streaming';
+    t.who.textContent = (e.head || 'a head') + (e.part === 'failed' ? ' · failed: ' + (e.text || '') : '');
   }
 
   // ---------- joining: ask, wait for the host, then link ----------
@@ -322,12 +330,11 @@
     }
   }
 
-  function budgetBytes() {
-    // wasm32 addresses 4 GiB at most; leave room for the module itself. navigator.deviceMemory
-    // (GiB, rounded, Chromium only) keeps a phone from offering more than half its memory.
-    const cap = 4096 - 512;
-    const dev = navigator.deviceMemory ? (navigator.deviceMemory * 1024) / 2 : 1024;
-    return Math.floor(Math.min(cap, dev)) * 1024 * 1024;
+  // What the browser says this device has (navigator.deviceMemory, GiB, rounded down; Chromium
+  // only), or 0 when it does not say. The worker caps the budget by it and by wasm32's 4 GiB.
+  function deviceBytes() {
+    const gib = Number(navigator.deviceMemory);
+    return gib > 0 && isFinite(gib) ? gib * 1024 * 1024 * 1024 : 0;
   }
 
   // Once approved: the worker starts the ring member and answers 'started'; then the link.
@@ -336,15 +343,14 @@
     if (st.started) return openLink();
     if (starting) return;
     starting = true;
-    const budget = budgetBytes();
-    setText('budget', fmtBytes(budget));
     post({
       type: 'start',
+      secret_key: st.me.secret_key,
       server_key: st.key.public_key,
       room: st.key.room,
       name: $('name-input').value.trim(),
       hub_endpoint: st.key.hub_endpoint || '',
-      budget,
+      device_bytes: deviceBytes(),
     });
   }
 

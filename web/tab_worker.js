@@ -8,8 +8,9 @@
 //   {type: 'keys', saved}                      the key pair `saved` ({public_key, secret_key}
 //                                              in Z85, from the page's storage), or a new one
 //                                              when it is null or not a key
-//   {type: 'start', server_key, room, name, hub_endpoint, budget}
-//                                              run the ring member
+//   {type: 'start', secret_key, server_key, room, name, hub_endpoint, device_bytes}
+//                                              run the ring member (device_bytes: what
+//                                              navigator.deviceMemory says, 0: unknown)
 //   {type: 'link', state: 'open'|'closed', code, reason}
 //   {type: 'recv', data: ArrayBuffer}          one binary message from the link
 //   {type: 'token', token} / {type: 'forget-token'}   the Hub token, held here in memory only
@@ -21,9 +22,12 @@
 //   {type: 'event', event: {kind, ...}}        status {line, level}, slice {first, end,
 //                                              n_layers, model}, progress {done, total},
 //                                              probe {state, hash, ring_hash}, text {head_id,
-//                                              head, stream, kind, index, text},
-//                                              hub_unauthorized {repo}, error {message}
+//                                              head, stream, part, index, text},
+//                                              budget {bytes}, hub_unauthorized {repo},
+//                                              error {message}
 //   {type: 'started'}                          the ring member runs: open the link
+//   {type: 'close', code, reason}              close the link (the member refused a message,
+//                                              or a new Hub token needs a new member)
 //   {type: 'left'}
 //   {type: 'fatal', message}                   the module cannot run here
 'use strict';
@@ -86,9 +90,134 @@ function keys(saved) {
                 id: k.fingerprint.replaceAll('-', '') });
 }
 
+// ---- the ring member (daisy_tab.js, createDaisyTab: apps/wasm/tab_api.cc) ----
+let T = null;       // its module, when this build has one
+let tab = 0;        // the DaisyTab handle of the current link
+let member = null;  // what 'start' gave: secret key, server key, room, name, Hub endpoint, budget
+let ticker = 0;
+let myProbe = '';
+
+function tstr(ptr) { return T.UTF8ToString(ptr); }
+
+// Calls fn with each string of `list` as a C string of T's heap.
+function withTStrings(list, fn) {
+  const ptrs = list.map((s) => {
+    const n = T.lengthBytesUTF8(s) + 1;
+    const p = T._malloc(n);
+    T.stringToUTF8(s, p, n);
+    return p;
+  });
+  try {
+    return fn(...ptrs);
+  } finally {
+    for (const p of ptrs) T._free(p);
+  }
+}
+
+// A new member for a new link (a link that closed cannot be resumed: the tab links again).
+function newTab() {
+  if (tab) T._daisy_tab_free(tab);
+  const m = member;
+  tab = withTStrings([m.secret_key, m.server_key, m.room, m.name, m.hub_endpoint, hubToken],
+                     (sec, key, room, name, hub, token) =>
+                       T._daisy_tab_new(sec, key, room, name, m.budget, hub, token));
+  if (!tab) event({ kind: 'error', message: 'The ring member cannot start: ' + tstr(T._daisy_tab_new_error()) });
+}
+
+const kTokenWanted = /HTTP 40[13]/;
+
+// Sends what the member has for the link and passes its events on, as join.js shows them.
+function flush() {
+  if (!tab) return;
+  const sizeP = T._malloc(4);
+  try {
+    for (let i = 0; i < 10000; i++) {  // bounded: the member queues a few messages at a time
+      const p = T._daisy_tab_take_outgoing(tab, sizeP);
+      if (!p) break;
+      const data = T.HEAPU8.slice(p, p + T.HEAPU32[sizeP >> 2]).buffer;
+      postMessage({ type: 'send', data }, [data]);
+    }
+  } finally {
+    T._free(sizeP);
+  }
+  let events = [];
+  try {
+    events = JSON.parse(tstr(T._daisy_tab_events(tab)));
+  } catch (_) {
+    return;
+  }
+  for (const e of events) {
+    switch (e.event) {
+      case 'hello':
+        myProbe = e.probe_hash;
+        postMessage({ type: 'engine', backend: e.backend, probe_hash: e.probe_hash, member: true });
+        break;
+      case 'status':
+        event({ kind: 'status', line: e.line });
+        break;
+      case 'log':
+        event({ kind: 'status', line: e.line, level: e.level === 'warning' ? 'warn' : '' });
+        if (kTokenWanted.test(e.line) && /token/.test(e.line)) event({ kind: 'hub_unauthorized' });
+        break;
+      case 'peers': {
+        const head = (e.members || []).find((x) => x.head);
+        if (head && myProbe)
+          event({ kind: 'probe', state: head.probe_hash === myProbe ? 'ok' : 'differs', hash: myProbe,
+                  ring_hash: head.probe_hash });
+        break;
+      }
+      case 'slice':
+        event({ kind: 'slice', first: e.first, end: e.end, model: e.model, bytes: e.bytes });
+        break;
+      case 'progress':
+        event({ kind: 'progress', done: e.done, total: e.total });
+        break;
+      case 'text':
+        // `part`: begin, piece, retract, end, failed (`kind` names the page's event).
+        event({ kind: 'text', head_id: e.head_id, head: e.head_name, stream: e.stream, part: e.kind, index: e.index,
+                text: e.text });
+        break;
+      case 'error':
+        event({ kind: 'error', message: e.message });
+        if (kTokenWanted.test(e.message) && /token/.test(e.message)) event({ kind: 'hub_unauthorized' });
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 // The ring member: answers 'started' when it runs, then the page opens the link.
-function start() {
-  event({ kind: 'error', message: 'This build of the browser node holds no layers: its module has no ring member.' });
+async function start(m) {
+  if (!T) {
+    try {
+      importScripts('/daisy_tab.js');
+      T = await self.createDaisyTab();
+    } catch (e) {
+      return event({ kind: 'error', message: 'This build of the browser node holds no layers: its module has no ' +
+                     'ring member (' + (e && e.message ? e.message : e) + ').' });
+    }
+  }
+  // The memory this member may offer: wasm32 addresses 4 GiB at most, of which the module already
+  // holds its heap; and no more than the device has, when the browser says.
+  const kWasm32 = 4 * 1024 * 1024 * 1024;
+  let budget = kWasm32 - T.HEAPU8.buffer.byteLength;
+  if (m.device_bytes > 0) budget = Math.min(budget, m.device_bytes);
+  member = Object.assign({}, m, { budget: Math.max(0, budget) });
+  event({ kind: 'budget', bytes: member.budget });
+  if (!ticker) ticker = setInterval(() => { if (tab) { T._daisy_tab_tick(tab); flush(); } }, 250);
+  postMessage({ type: 'started' });
+}
+
+function receive(data) {
+  if (!tab) return;
+  const bytes = new Uint8Array(data);
+  const p = T._malloc(Math.max(1, bytes.length));
+  T.HEAPU8.set(bytes, p);
+  const rc = T._daisy_tab_receive(tab, p, bytes.length);
+  T._free(p);
+  flush();
+  if (rc < 0) postMessage({ type: 'close', code: 4001, reason: tstr(T._daisy_tab_error(tab)).slice(0, 120) });
 }
 
 onmessage = async (ev) => {
@@ -101,15 +230,30 @@ onmessage = async (ev) => {
       if (M) keys(m.saved);
       break;
     case 'start':
-      if (M) start(m);
+      if (M) await start(m);
+      break;
+    case 'link':
+      if (m.state === 'open' && member) newTab();
+      if (m.state === 'closed' && tab) {
+        T._daisy_tab_free(tab);
+        tab = 0;
+      }
+      break;
+    case 'recv':
+      receive(m.data);
       break;
     case 'token':
       hubToken = String(m.token || '');
+      if (tab) postMessage({ type: 'close', code: 1000, reason: 'linking again with the Hub token' });
       break;
     case 'forget-token':
       hubToken = '';
       break;
     case 'leave':
+      if (tab) {
+        T._daisy_tab_leave(tab);
+        flush();
+      }
       postMessage({ type: 'left' });
       break;
     default:
