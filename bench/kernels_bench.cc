@@ -86,9 +86,12 @@ int main(int argc, char** argv) {
   struct Shape {
     int m, n, k;
   };
-  // Decode shapes of the bundled models (q/o/up projections, the LM head) and prefill GEMMs.
+  // Decode shapes of the bundled models (q/o/up projections, the LM head) and prefill GEMMs,
+  // the last two a prefill's attention products (SmolLM: a block of 128 queries times a
+  // group of 3 heads, Q.K^T over 512 keys of head_dim 64, then P.V).
   const Shape gemv[] = {{1, 1536, 576}, {1, 4864, 896}, {1, 151936, 896}};
-  const Shape gemm[] = {{16, 896, 896}, {64, 4864, 896}, {256, 896, 896}, {512, 1536, 576}};
+  const Shape gemm[] = {{16, 896, 896}, {64, 4864, 896}, {256, 896, 896}, {512, 1536, 576},
+                        {384, 512, 64}, {384, 64, 512},  {8, 512, 64}};
   for (const auto& s : daisy::kernels::BackendReport()) {
     if (!s.supported || !s.gate_passed) continue;
     const std::string b(daisy::kernels::BackendName(s.backend));

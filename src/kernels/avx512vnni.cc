@@ -158,12 +158,135 @@ inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
   return v;
 }
 
+// ---- Short rows (k <= 64) against 2 or more x rows: attention's Q.K^T over head_dim ----
+// The tiles above reduce each accumulator horizontally once per output; at k = 64 that is a
+// whole Reduce4 per vpdpbusd, and Q.K^T of a prefill ran at a third of the GEMM's speed.
+// Here the weights of 32 columns are laid out 4 bytes of k at a time across the columns
+// (w + 128 as unsigned bytes), and each x row's 4 bytes are broadcast: a vector of
+// accumulators holds 16 columns, with no horizontal sum (one x row stays on RowByRow). The biased sum is
+// sum_t (w_t + 128) x_t = sum_t w_t x_t + 128 * sum_t x_t, exact modulo 2^32 as above, so
+// subtracting 128 * sum(x) gives the same integer as every other path, and the epilogue
+// is the same IEEE sequence per cell. k must be a multiple of 4 (head_dim always is).
+constexpr int kShortK = 64;
+constexpr int kShortGroups = kShortK / 4;  // 4-byte groups of k
+constexpr int kShortRows = 8;              // x rows per tile: 16 accumulators
+constexpr int kShortCols = 32;             // columns per tile: two vectors
+constexpr int kShortChunk = 256;           // columns packed at a time (16 KiB)
+
+// Packs columns [j0, j0 + cols) of w (cols <= kShortChunk, k <= kShortK, k % 4 == 0) into
+// tiles of kShortCols columns: pk[tile][group][column] = 4 bytes of k, each byte + 128 as
+// unsigned (x ^ 0x80). A gather takes one 4-byte group of 16 columns at a time; columns
+// past `cols` are left 0 (their results are discarded).
+inline void PackShort(const QMatrixView& w, int j0, int cols, int groups, uint32_t* pk) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i stride = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(w.ld)));
+  for (int c0 = 0; c0 < cols; c0 += 16) {
+    const int cn = cols - c0 < 16 ? cols - c0 : 16;
+    const __mmask16 mask = static_cast<__mmask16>((1u << cn) - 1u);
+    const int8_t* base = w.q + static_cast<size_t>(j0 + c0) * w.ld;
+    uint32_t* dst = pk + static_cast<size_t>(c0 / kShortCols) * kShortGroups * kShortCols + c0 % kShortCols;
+    for (int g = 0; g < groups; ++g) {
+      const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, stride, base + 4 * g, 1);
+      _mm512_storeu_si512(dst + g * kShortCols, _mm512_maskz_xor_epi32(mask, v, flip));
+    }
+  }
+  // A last tile of at most 16 columns: its second half is computed too, so it must hold
+  // defined values (zeros), not the previous chunk's.
+  if (const int rest = cols % kShortCols; rest > 0 && rest <= 16) {
+    uint32_t* dst = pk + static_cast<size_t>(cols / kShortCols) * kShortGroups * kShortCols + 16;
+    for (int g = 0; g < groups; ++g) _mm512_storeu_si512(dst + g * kShortCols, _mm512_setzero_si512());
+  }
+}
+
+// Rows [i0, i0 + rows) of x (rows <= kShortRows; the others 0) as 4-byte groups, zero past
+// k, and 128 * (sum of each row) modulo 2^32.
+inline void LoadShortRows(const int8_t* xq, size_t ldx, int i0, int rows, int k, int32_t (*xg)[kShortGroups],
+                          uint32_t* corr) {
+  const __mmask64 kmask = k >= 64 ? ~0ULL : (~0ULL) >> (64 - k);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int r = 0; r < kShortRows; ++r) {
+    const __m512i v =
+        r < rows ? _mm512_maskz_loadu_epi8(kmask, xq + static_cast<size_t>(i0 + r) * ldx) : _mm512_setzero_si512();
+    _mm512_storeu_si512(xg[r], v);
+    // sum_t 1 * x_t: exact (|sum| <= 127 * 64)
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v));
+    corr[r] = static_cast<uint32_t>(sum) << 7;
+  }
+}
+
+// y[i][j] for the tile's rows and the 32 columns starting at j (only those in [j, j_end)).
+// R rows of accumulators: 8, or 4 when no more than 4 rows are left (a decode step's group of
+// query heads is 2 to 8 rows).
+template <int R>
+inline void ShortTile(const uint32_t* pk, int groups, const int32_t (*xg)[kShortGroups], const uint32_t* corr,
+                      const float* xscale, int i0, int rows, const QMatrixView& w, int j, int j_end, float* y,
+                      size_t ldy) {
+  __m512i acc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  for (int g = 0; g < groups; ++g) {
+    const __m512i w0 = _mm512_loadu_si512(pk + g * kShortCols);
+    const __m512i w1 = _mm512_loadu_si512(pk + g * kShortCols + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i xb = _mm512_set1_epi32(xg[r][g]);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, xb);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, xb);
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int c0 = j + 16 * h;
+    if (c0 >= j_end) break;
+    const int cn = j_end - c0 < 16 ? j_end - c0 : 16;
+    const __mmask16 mask = static_cast<__mmask16>((1u << cn) - 1u);
+    const __m512 ws = w.scale ? _mm512_maskz_loadu_ps(mask, w.scale + c0) : _mm512_set1_ps(1.0f);
+    const __m512 bias = w.bias ? _mm512_maskz_loadu_ps(mask, w.bias + c0) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; ++r) {
+      // Undo the +128 bias (wrapping), then Epilogue's sequence: s = xs * ws; v = acc * s; v + b.
+      const __m512i a = _mm512_sub_epi32(acc[r][h], _mm512_set1_epi32(static_cast<int32_t>(corr[r])));
+      const __m512 s = _mm512_mul_ps(_mm512_set1_ps(xscale[i0 + r]), ws);
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), s);
+      if (w.bias) v = _mm512_add_ps(v, bias);
+      _mm512_mask_storeu_ps(y + static_cast<size_t>(i0 + r) * ldy + c0, mask, v);
+    }
+  }
+}
+
+void ShortProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
+                  int col_begin, int col_end) {
+  const int groups = (w.k + 3) / 4;
+  alignas(64) uint32_t pk[kShortChunk * kShortGroups];
+  alignas(64) int32_t xg[kShortRows][kShortGroups];
+  uint32_t corr[kShortRows];
+  for (int j0 = col_begin; j0 < col_end; j0 += kShortChunk) {
+    const int cols = col_end - j0 < kShortChunk ? col_end - j0 : kShortChunk;
+    PackShort(w, j0, cols, groups, pk);
+    for (int i0 = 0; i0 < m; i0 += kShortRows) {
+      const int rows = m - i0 < kShortRows ? m - i0 : kShortRows;
+      LoadShortRows(xq, ldx, i0, rows, w.k, xg, corr);
+      for (int c = 0; c < cols; c += kShortCols) {
+        const uint32_t* tile = pk + static_cast<size_t>(c / kShortCols) * kShortGroups * kShortCols;
+        if (rows <= 4)
+          ShortTile<4>(tile, groups, xg, corr, xscale, i0, rows, w, j0 + c, j0 + cols, y, ldy);
+        else
+          ShortTile<8>(tile, groups, xg, corr, xscale, i0, rows, w, j0 + c, j0 + cols, y, ldy);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
              int col_begin, int col_end) {
   if (m <= 0 || col_begin >= col_end) return;
   const int k = w.k;
+  // Short rows against two or more x rows (attention's Q.K^T): see ShortProduct.
+  if (k <= kShortK && k % 4 == 0 && m >= 2) {
+    ShortProduct(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
+    return;
+  }
   // Row panels of about 192 KiB of x stay in L2 while the panel's weight tiles stream by.
   const int mc = k > 0 ? RowPanelRows(k, kMr) : m;
   for (int i0 = 0; i0 < m; i0 += mc) {

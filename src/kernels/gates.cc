@@ -21,6 +21,9 @@ namespace {
 // k % 64 = 37 leaves a tail in every lane width, and the strides exceed k. Without it no
 // shape had a second row panel on a kMr = 4 unit, so a bug confined to later panels passed.
 // Its cost (scalar 11 x 10 x 32805 multiply-adds) is kept near that of one kMaxK shape.
+// The seven after it have short rows against 2 or more x rows (avx512vnni's ShortProduct, k
+// a multiple of 4 up to 64): 8-row and 4-row tiles with partial last tiles, columns past one
+// 256-column chunk, column tails, strides, extreme values and zero rows.
 constexpr GateShape kShapes[] = {
     {1, 1, 1, GateFill::kRandom, false, true, 0, 0},          {1, 3, 7, GateFill::kRandom, true, true, 0, 0},
     {1, 5, 15, GateFill::kRandom, false, false, 1, 0},        {2, 7, 16, GateFill::kRandom, true, true, 0, 0},
@@ -34,7 +37,10 @@ constexpr GateShape kShapes[] = {
     {1, 6, 333, GateFill::kZeroRows, true, true, 0, 0},       {5, 7, 191, GateFill::kExtremeSame, true, true, 0, 0},
     {5, 7, 191, GateFill::kExtremeMixed, false, true, 0, 0},  {2, 5, kMaxK, GateFill::kExtremeSame, false, false, 0, 0},
     {3, 6, kMaxK, GateFill::kExtremeMixed, true, true, 0, 0}, {1, 3, kMaxK - 2, GateFill::kRandom, true, true, 0, 0},
-    {11, 11, 32805, GateFill::kRandom, true, true, 3, 1},
+    {11, 11, 32805, GateFill::kRandom, true, true, 3, 1},     {8, 33, 64, GateFill::kRandom, true, true, 3, 1},
+    {13, 70, 36, GateFill::kRandom, true, false, 5, 2},       {20, 300, 64, GateFill::kExtremeMixed, true, true, 0, 3},
+    {9, 5, 8, GateFill::kExtremeSame, false, true, 1, 0},     {16, 40, 4, GateFill::kRandom, false, false, 0, 0},
+    {10, 17, 60, GateFill::kZeroRows, true, true, 2, 0},      {3, 45, 64, GateFill::kRandom, true, true, 1, 3},
 };
 
 int8_t RandomQ(uint64_t& state) {
