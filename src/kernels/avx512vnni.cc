@@ -158,79 +158,102 @@ inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
   return v;
 }
 
-// ---- Short rows (k <= 64) against 2 or more x rows: attention's Q.K^T over head_dim ----
-// The tiles above reduce each accumulator horizontally once per output; at k = 64 that is a
-// whole Reduce4 per vpdpbusd, and Q.K^T of a prefill ran at a third of the GEMM's speed.
-// Here the weights of 32 columns are laid out 4 bytes of k at a time across the columns
-// (w + 128 as unsigned bytes), and each x row's 4 bytes are broadcast: a vector of
-// accumulators holds 16 columns, with no horizontal sum (one x row stays on RowByRow). The biased sum is
-// sum_t (w_t + 128) x_t = sum_t w_t x_t + 128 * sum_t x_t, exact modulo 2^32 as above, so
-// subtracting 128 * sum(x) gives the same integer as every other path, and the epilogue
-// is the same IEEE sequence per cell. k must be a multiple of 4 (head_dim always is).
-constexpr int kShortK = 64;
-constexpr int kShortGroups = kShortK / 4;  // 4-byte groups of k
-constexpr int kShortRows = 8;              // x rows per tile: 16 accumulators
-constexpr int kShortCols = 32;             // columns per tile: two vectors
-constexpr int kShortChunk = 256;           // columns packed at a time (16 KiB)
+// ---- Packed weights, broadcast x: many x rows (a prefill) and short rows (Q.K^T) ----
+// The tiles above sum each accumulator horizontally once per output (Reduce4) and finish
+// every cell in scalar code; at k = 64 (attention's Q.K^T over head_dim) that is a whole
+// Reduce4 per vpdpbusd, and at k = 576 still a third of the work. Here 32 columns of the
+// weights are first laid out 4 bytes of k at a time across the columns, each byte + 128 as
+// unsigned (w ^ 0x80), and each x row's 4 bytes are broadcast: a vector of accumulators
+// holds 16 columns, with no horizontal sum, and the epilogue runs 16 cells at a time. The
+// biased sum is sum_t (w_t + 128) x_t = sum_t w_t x_t + 128 * sum_t x_t, exact modulo 2^32
+// as above, so subtracting 128 * sum(x) gives the same integer as every other path, and the
+// epilogue is the same IEEE sequence per cell (s = xs * ws; acc * s; + bias; no contraction
+// under -ffp-contract=off). k must be a multiple of 4 (every model dimension is).
+constexpr int kPackRows = 8;     // x rows per tile: 8 x 2 accumulators
+constexpr int kPackCols = 32;    // columns per tile: two vectors
+constexpr int kPackMaxK = 5120;  // a packed tile is at most 32 x 5120 bytes (160 KiB, on the stack)
+constexpr int kPackMaxGroups = kPackMaxK / 4;
+constexpr int kPackPanelRows = 512;  // x rows whose 128 * sum(x) are kept at a time
 
-// Packs columns [j0, j0 + cols) of w (cols <= kShortChunk, k <= kShortK, k % 4 == 0) into
-// tiles of kShortCols columns: pk[tile][group][column] = 4 bytes of k, each byte + 128 as
-// unsigned (x ^ 0x80). A gather takes one 4-byte group of 16 columns at a time; columns
-// past `cols` are left 0 (their results are discarded).
-inline void PackShort(const QMatrixView& w, int j0, int cols, int groups, uint32_t* pk) {
+// Whether a product takes the packed path: short rows from 2 x rows on (the tiles' reduction
+// dominates at any m), longer rows from 8 (packing 32 columns, a 16 x 16 transpose per 64
+// bytes of k, is then small beside the rows that reuse them; kernels_bench at m = 16: 110
+// against the tiles' 170 us). One x row (decode) stays on RowByRow's weight stream.
+inline bool UsePacked(int m, int k) {
+  return k % 4 == 0 && k <= kPackMaxK && (k <= 64 ? m >= 2 : m >= 8);
+}
+
+// The 16 x 16 transpose of 32-bit words: o[c] = word c of r[0..15].
+inline void Transpose16(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4q + c], lane L: word 4L + c of rows 4q .. 4q + 3
+  for (int q = 0; q < 4; ++q) {
+    u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x23 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i y01 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i y23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(x01, y01, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(x01, y01, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(x23, y23, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(x23, y23, 0xDD);
+  }
+}
+
+// Packs weight rows [row0, row0 + valid) (valid <= 16; the others 0) into dst[g * kPackCols +
+// c], c < 16: the g-th 4 bytes of k of row row0 + c, each byte ^ 0x80.
+inline void Pack16(const QMatrixView& w, int row0, int valid, uint32_t* dst) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i stride = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(w.ld)));
-  for (int c0 = 0; c0 < cols; c0 += 16) {
-    const int cn = cols - c0 < 16 ? cols - c0 : 16;
-    const __mmask16 mask = static_cast<__mmask16>((1u << cn) - 1u);
-    const int8_t* base = w.q + static_cast<size_t>(j0 + c0) * w.ld;
-    uint32_t* dst = pk + static_cast<size_t>(c0 / kShortCols) * kShortGroups * kShortCols + c0 % kShortCols;
-    for (int g = 0; g < groups; ++g) {
-      const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, stride, base + 4 * g, 1);
-      _mm512_storeu_si512(dst + g * kShortCols, _mm512_maskz_xor_epi32(mask, v, flip));
-    }
-  }
-  // A last tile of at most 16 columns: its second half is computed too, so it must hold
-  // defined values (zeros), not the previous chunk's.
-  if (const int rest = cols % kShortCols; rest > 0 && rest <= 16) {
-    uint32_t* dst = pk + static_cast<size_t>(cols / kShortCols) * kShortGroups * kShortCols + 16;
-    for (int g = 0; g < groups; ++g) _mm512_storeu_si512(dst + g * kShortCols, _mm512_setzero_si512());
+  const int k = w.k;
+  for (int t0 = 0; t0 < k; t0 += 64) {
+    const __mmask64 mask = k - t0 >= 64 ? ~0ULL : (~0ULL) >> (64 - (k - t0));
+    __m512i r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < valid ? _mm512_xor_si512(
+                             _mm512_maskz_loadu_epi8(mask, w.q + static_cast<size_t>(row0 + i) * w.ld + t0), flip)
+                       : _mm512_setzero_si512();
+    Transpose16(r);
+    const int groups = k - t0 >= 64 ? 16 : (k - t0) / 4;
+    uint32_t* out = dst + static_cast<size_t>(t0 / 4) * kPackCols;
+    for (int g = 0; g < groups; ++g) _mm512_storeu_si512(out + static_cast<size_t>(g) * kPackCols, r[g]);
   }
 }
 
-// Rows [i0, i0 + rows) of x (rows <= kShortRows; the others 0) as 4-byte groups, zero past
-// k, and 128 * (sum of each row) modulo 2^32.
-inline void LoadShortRows(const int8_t* xq, size_t ldx, int i0, int rows, int k, int32_t (*xg)[kShortGroups],
-                          uint32_t* corr) {
-  const __mmask64 kmask = k >= 64 ? ~0ULL : (~0ULL) >> (64 - k);
+// 128 * sum_t x_t of one x row, modulo 2^32 (the sum itself is exact: |sum| <= 127 * k).
+inline uint32_t RowCorrection(const int8_t* xr, int k) {
   const __m512i ones = _mm512_set1_epi8(1);
-  for (int r = 0; r < kShortRows; ++r) {
-    const __m512i v =
-        r < rows ? _mm512_maskz_loadu_epi8(kmask, xq + static_cast<size_t>(i0 + r) * ldx) : _mm512_setzero_si512();
-    _mm512_storeu_si512(xg[r], v);
-    // sum_t 1 * x_t: exact (|sum| <= 127 * 64)
-    const int32_t sum = _mm512_reduce_add_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v));
-    corr[r] = static_cast<uint32_t>(sum) << 7;
+  __m512i acc = _mm512_setzero_si512();
+  for (int t = 0; t < k; t += 64) {
+    const __mmask64 mask = k - t >= 64 ? ~0ULL : (~0ULL) >> (64 - (k - t));
+    acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8(mask, xr + t));
   }
+  return static_cast<uint32_t>(_mm512_reduce_add_epi32(acc)) << 7;
 }
 
-// y[i][j] for the tile's rows and the 32 columns starting at j (only those in [j, j_end)).
-// R rows of accumulators: 8, or 4 when no more than 4 rows are left (a decode step's group of
-// query heads is 2 to 8 rows).
+// y[i][j] for the tile's rows (xr, `rows` of them valid; R = 8, or 4 when no more are left:
+// a decode step's group of query heads is 2 to 8 rows) and the 32 columns from j (only
+// those below j_end).
 template <int R>
-inline void ShortTile(const uint32_t* pk, int groups, const int32_t (*xg)[kShortGroups], const uint32_t* corr,
-                      const float* xscale, int i0, int rows, const QMatrixView& w, int j, int j_end, float* y,
-                      size_t ldy) {
+inline void PackedTile(const uint32_t* pk, int groups, const int8_t* const* xr, const uint32_t* corr,
+                       const float* xscale, int rows, const QMatrixView& w, int j, int j_end, float* y, size_t ldy) {
   __m512i acc[R][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
   for (int g = 0; g < groups; ++g) {
-    const __m512i w0 = _mm512_loadu_si512(pk + g * kShortCols);
-    const __m512i w1 = _mm512_loadu_si512(pk + g * kShortCols + 16);
+    const __m512i w0 = _mm512_loadu_si512(pk + static_cast<size_t>(g) * kPackCols);
+    const __m512i w1 = _mm512_loadu_si512(pk + static_cast<size_t>(g) * kPackCols + 16);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512i xb = _mm512_set1_epi32(xg[r][g]);
+      const __m512i xb = _mm512_broadcastd_epi32(_mm_loadu_si32(xr[r] + 4 * g));
       acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, xb);
       acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, xb);
     }
@@ -245,32 +268,39 @@ inline void ShortTile(const uint32_t* pk, int groups, const int32_t (*xg)[kShort
     for (int r = 0; r < rows; ++r) {
       // Undo the +128 bias (wrapping), then Epilogue's sequence: s = xs * ws; v = acc * s; v + b.
       const __m512i a = _mm512_sub_epi32(acc[r][h], _mm512_set1_epi32(static_cast<int32_t>(corr[r])));
-      const __m512 s = _mm512_mul_ps(_mm512_set1_ps(xscale[i0 + r]), ws);
+      const __m512 s = _mm512_mul_ps(_mm512_set1_ps(xscale[r]), ws);
       __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), s);
       if (w.bias) v = _mm512_add_ps(v, bias);
-      _mm512_mask_storeu_ps(y + static_cast<size_t>(i0 + r) * ldy + c0, mask, v);
+      _mm512_mask_storeu_ps(y + static_cast<size_t>(r) * ldy + c0, mask, v);
     }
   }
 }
 
-void ShortProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
-                  int col_begin, int col_end) {
-  const int groups = (w.k + 3) / 4;
-  alignas(64) uint32_t pk[kShortChunk * kShortGroups];
-  alignas(64) int32_t xg[kShortRows][kShortGroups];
-  uint32_t corr[kShortRows];
-  for (int j0 = col_begin; j0 < col_end; j0 += kShortChunk) {
-    const int cols = col_end - j0 < kShortChunk ? col_end - j0 : kShortChunk;
-    PackShort(w, j0, cols, groups, pk);
-    for (int i0 = 0; i0 < m; i0 += kShortRows) {
-      const int rows = m - i0 < kShortRows ? m - i0 : kShortRows;
-      LoadShortRows(xq, ldx, i0, rows, w.k, xg, corr);
-      for (int c = 0; c < cols; c += kShortCols) {
-        const uint32_t* tile = pk + static_cast<size_t>(c / kShortCols) * kShortGroups * kShortCols;
+void PackedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
+                   int col_begin, int col_end) {
+  const int k = w.k, groups = k / 4;
+  alignas(64) uint32_t pk[kPackCols * kPackMaxGroups];
+  uint32_t corr[kPackPanelRows];
+  // Row panels: x rows stay in L2 while each packed tile (in L1 for k up to ~1500) serves them.
+  const int mc_l2 = RowPanelRows(k, kPackRows);
+  const int mc = mc_l2 < kPackPanelRows ? mc_l2 : kPackPanelRows;
+  for (int p0 = 0; p0 < m; p0 += mc) {
+    const int p1 = m - p0 < mc ? m : p0 + mc;
+    for (int i = p0; i < p1; ++i) corr[i - p0] = RowCorrection(xq + static_cast<size_t>(i) * ldx, k);
+    for (int j = col_begin; j < col_end; j += kPackCols) {
+      const int cols = col_end - j < kPackCols ? col_end - j : kPackCols;
+      Pack16(w, j, cols < 16 ? cols : 16, pk);
+      Pack16(w, j + 16, cols > 16 ? cols - 16 : 0, pk + 16);
+      for (int i0 = p0; i0 < p1; i0 += kPackRows) {
+        const int rows = p1 - i0 < kPackRows ? p1 - i0 : kPackRows;
+        // Rows past the last repeat it: valid memory, results discarded.
+        const int8_t* xr[kPackRows];
+        for (int r = 0; r < kPackRows; ++r) xr[r] = xq + static_cast<size_t>(i0 + (r < rows ? r : rows - 1)) * ldx;
+        float* yr = y + static_cast<size_t>(i0) * ldy;
         if (rows <= 4)
-          ShortTile<4>(tile, groups, xg, corr, xscale, i0, rows, w, j0 + c, j0 + cols, y, ldy);
+          PackedTile<4>(pk, groups, xr, corr + (i0 - p0), xscale + i0, rows, w, j, col_end, yr, ldy);
         else
-          ShortTile<8>(tile, groups, xg, corr, xscale, i0, rows, w, j0 + c, j0 + cols, y, ldy);
+          PackedTile<8>(pk, groups, xr, corr + (i0 - p0), xscale + i0, rows, w, j, col_end, yr, ldy);
       }
     }
   }
@@ -282,9 +312,9 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
              int col_begin, int col_end) {
   if (m <= 0 || col_begin >= col_end) return;
   const int k = w.k;
-  // Short rows against two or more x rows (attention's Q.K^T): see ShortProduct.
-  if (k <= kShortK && k % 4 == 0 && m >= 2) {
-    ShortProduct(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
+  // Many x rows, or short rows against two or more: see PackedProduct.
+  if (UsePacked(m, k)) {
+    PackedProduct(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
     return;
   }
   // Row panels of about 192 KiB of x stay in L2 while the panel's weight tiles stream by.

@@ -21,9 +21,11 @@ namespace {
 // k % 64 = 37 leaves a tail in every lane width, and the strides exceed k. Without it no
 // shape had a second row panel on a kMr = 4 unit, so a bug confined to later panels passed.
 // Its cost (scalar 11 x 10 x 32805 multiply-adds) is kept near that of one kMaxK shape.
-// The seven after it have short rows against 2 or more x rows (avx512vnni's ShortProduct, k
-// a multiple of 4 up to 64): 8-row and 4-row tiles with partial last tiles, columns past one
-// 256-column chunk, column tails, strides, extreme values and zero rows.
+// The eleven after it reach avx512vnni's packed path (PackedProduct: k a multiple of 4 up to
+// 5120, 2 or more x rows when k <= 64, else 8 or more): 8-row and 4-row tiles with partial
+// last tiles, a second row panel (530 rows of k = 8: panels of 512), two column tiles and a
+// tail after a start mid-tile, k tails inside a 64-byte block (36, 60, 100), nine full
+// blocks (576), the largest k with extreme values, strides and zero rows.
 constexpr GateShape kShapes[] = {
     {1, 1, 1, GateFill::kRandom, false, true, 0, 0},          {1, 3, 7, GateFill::kRandom, true, true, 0, 0},
     {1, 5, 15, GateFill::kRandom, false, false, 1, 0},        {2, 7, 16, GateFill::kRandom, true, true, 0, 0},
@@ -41,6 +43,8 @@ constexpr GateShape kShapes[] = {
     {13, 70, 36, GateFill::kRandom, true, false, 5, 2},       {20, 300, 64, GateFill::kExtremeMixed, true, true, 0, 3},
     {9, 5, 8, GateFill::kExtremeSame, false, true, 1, 0},     {16, 40, 4, GateFill::kRandom, false, false, 0, 0},
     {10, 17, 60, GateFill::kZeroRows, true, true, 2, 0},      {3, 45, 64, GateFill::kRandom, true, true, 1, 3},
+    {530, 70, 8, GateFill::kRandom, true, true, 1, 3},        {9, 75, 576, GateFill::kRandom, true, true, 2, 3},
+    {12, 37, 100, GateFill::kExtremeMixed, true, true, 0, 0}, {8, 20, 5120, GateFill::kExtremeSame, false, true, 0, 0},
 };
 
 int8_t RandomQ(uint64_t& state) {
