@@ -19,30 +19,18 @@
 //       new approval), keeps the slice it held (no new download), and a run with it is
 //       VERIFIED.
 // Screenshot tab-phone-token.png goes to DAISY_ARTIFACT_DIR.
-import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, env, fail, freePort, getJSON, importPackage, killOnSignals, postJSON, requireChromium, requireFile,
-  runTest, tempDir, waitFor, waitForServe,
+  Procs, check, cli, ended, env, fail, finish, freePort, getJSON, importPackage, inRoom, killOnSignals, lastJson,
+  launchChromium, postJSON, requireChromium, requireFile, runTest, startServe, startTestHub, tempDir, testhubPath,
+  waitFor, waitForDevices,
 } from './lib.mjs';
 
 const E = env();
 const PROMPT = 'Once upon a time';
 const TOKEN = 'hf_TabGivenToken' + process.pid + 'Qx';
 const WRONG = 'hf_NotTheTabToken' + process.pid + 'Wv';
-
-function cli(args, extraEnv) {
-  const r = spawnSync(E.bin, args, { encoding: 'utf8', timeout: 60000, env: { ...process.env, ...extraEnv } });
-  if (r.status !== 0) fail(`${E.bin} ${args.join(' ')} exited with ${r.status}: ${r.stderr}`);
-  return (r.stdout || '') + (r.stderr || '');
-}
-
-function lastJson(log) {
-  const at = log.lastIndexOf('\n{');
-  if (at < 0) fail('the head printed no JSON:\n' + log.slice(-3000));
-  return JSON.parse(log.slice(at + 1));
-}
 
 // Every file under `dir` (bounded: the test's own few hundred files).
 function filesUnder(dir, out = []) {
@@ -59,8 +47,7 @@ await runTest('tab_phone_browser_test', async () => {
   requireChromium(E.chromium);
   const { chromium } = await importPackage('playwright-core');
   requireFile(E.bin, 'the daisychain binary', 'build it first (cmake --build build), or set DAISY_BIN_DIR');
-  const testhub = path.resolve(E.binDir, '..', '..', 'tests', 'support', 'testhub');
-  requireFile(testhub, 'the test Hub server', 'build it first (cmake --build build --target testhub)');
+  testhubPath(E);
   fs.mkdirSync(E.artifacts, { recursive: true });
 
   const tmp = tempDir('daisy_web_tabphone_');
@@ -72,19 +59,15 @@ await runTest('tab_phone_browser_test', async () => {
   try {
     const step = (s) => console.log(`-- ${s}`);
     const stories = path.join(E.models, 'stories260K');
-    const truth = lastJson('\n' + cli(['generate', '--model', stories, '--prompt', PROMPT, '-n', '24', '--json'],
+    const truth = lastJson('\n' + cli(E, ['generate', '--model', stories, '--prompt', PROMPT, '-n', '24', '--json'],
       { DAISY_HOME: path.join(tmp, 'gen') })).ids;
 
     step('the test Hub (two gated repos), serve, two nodes: all but the tab hold the token');
     const repos = path.join(tmp, 'repos');
     for (const r of ['gated', 'gated2']) fs.cpSync(stories, path.join(repos, 'acme', r), { recursive: true });
-    const hubPort = await freePort();
-    const hub = `http://127.0.0.1:${hubPort}`;
     // testhub.log holds T (its command line): the one file the search below leaves out.
-    procs.start('testhub', testhub, ['--root', repos, '--port', String(hubPort), '--gate', 'acme/gated',
-      '--gate', 'acme/gated2', '--token', TOKEN]);
-    await waitFor('the test Hub', async () =>
-      (await fetch(`${hub}/acme/gated/resolve/main/config.json`)).status === 401, { procs });
+    const hub = await startTestHub(procs, E, repos, ['--gate', 'acme/gated', '--gate', 'acme/gated2', '--token', TOKEN],
+      { probe: '/acme/gated/resolve/main/config.json', status: 401 });
     const homes = [];
     const home = (name) => {
       const d = path.join(tmp, 'home-' + name);
@@ -92,30 +75,20 @@ await runTest('tab_phone_browser_test', async () => {
       homes.push(d);
       return { DAISY_HOME: d, HF_ENDPOINT: hub, HF_TOKEN: TOKEN, HF_HOME: path.join(d, 'hf') };
     };
-    const fpr = (name, role) => /([0-9a-f]{4}(-[0-9a-f]{4}){3})/.exec(cli(['id', '--role', role], home(name)))[1];
+    const fpr = (name, role) => /([0-9a-f]{4}(-[0-9a-f]{4}){3})/.exec(cli(E, ['id', '--role', role], home(name)))[1];
     const approve = [fpr('head', 'head'), fpr('node-1', 'node'), fpr('node-2', 'node')]
       .flatMap((f) => ['--approve', f]);
     const port = await freePort();
-    const base = `http://127.0.0.1:${port}`;
     const room = 'phone' + port;
-    const secretFile = path.join(tmp, 'admin-secret');
-    procs.start('serve', E.bin, ['serve', '--port', String(port), '--room', room, '--name', 'host', '--no-compute',
-      '--admin-secret-file', secretFile, ...approve], home('serve'));
-    const secret = await waitForServe(base, procs, secretFile);
-    const join = `127.0.0.1:${port}`;
+    const { base, secret, join } = await startServe(procs, E, tmp, { port, env: home('serve'),
+      args: ['--room', room, '--name', 'host', '--no-compute', ...approve] });
     for (const n of ['node-1', 'node-2'])
       procs.start(n, E.bin, ['node', '--join', join, '--room', room, '--name', n], home(n));
     const member = async (id) => (await getJSON(`${base}/api/state`, secret)).devices.find((d) => d.id === id);
-    const inRoom = (d) => d && d.status !== 'pending' && d.status !== 'gone';
-    await waitFor('both nodes in the room', async () => {
-      const s = await getJSON(`${base}/api/state`, secret);
-      return s.devices.filter((d) => d.name.startsWith('node-') && inRoom(d)).length === 2;
-    }, { procs, timeoutMs: 60000 });
+    await waitForDevices(base, secret, 'both nodes in the room',
+      (ds) => ds.filter((d) => d.name.startsWith('node-') && inRoom(d)).length === 2, { procs, timeoutMs: 60000 });
 
-    browser = await chromium.launch({
-      executablePath: E.chromium,
-      args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'],
-    });
+    browser = await launchChromium(chromium, E);
     const ctx = await browser.newContext({ viewport: { width: 360, height: 800 }, isMobile: true, hasTouch: true });
     // The tab's reads of the Hub as the Hub answered them (its worker's XHRs), with the
     // Authorization header each carried.
@@ -168,16 +141,10 @@ await runTest('tab_phone_browser_test', async () => {
       return procs.start(name, E.bin, ['run', '--join', join, '--room', room, '--json', '--name', 'head',
         '--model', model, '--prompt', PROMPT, '-n', '24', ...extra], home('head'));
     };
-    const ended = async (p) => {
-      await waitFor(`${p.name} to end`, () => p.exited, { timeoutMs: 120000 });
-      const log = procs.log(p.name);
-      procs.list.splice(procs.list.indexOf(p), 1);  // ended as it should: no longer watched
-      return log;
-    };
     // A run that must be VERIFIED with the single-device ids.
     const verified = async (model, extra) => {
       const p = runHead(model, ['--verify', ...extra]);
-      const log = await ended(p);
+      const log = await ended(procs, p);
       check(p.code === 0, `${p.name} exited with ${p.code}:\n${log.slice(-4000)}`);
       const j = lastJson(log);
       console.log(`   ${p.name}: verified ${j.verified}, plan ` +
@@ -189,7 +156,7 @@ await runTest('tab_phone_browser_test', async () => {
     // A run the tab's Hub refusal ends: the head names the tab's stage and the HTTP status.
     const refused = async (model, status) => {
       const p = runHead(model, ['--stages', '4']);
-      const log = await ended(p);
+      const log = await ended(procs, p);
       check(p.code !== 0, `${p.name} succeeded; the tab should have refused its slice:\n${log.slice(-3000)}`);
       check(log.includes('tab-phone') && log.includes(`HTTP ${status}`),
         `${p.name} does not name the tab's HTTP ${status}:\n${log.slice(-3000)}`);
@@ -318,14 +285,6 @@ await runTest('tab_phone_browser_test', async () => {
     check(pageErrors.length === 0, 'the page threw:\n' + pageErrors.join('\n'));
     ok = true;
   } finally {
-    if (browser) await browser.close().catch(() => {});
-    await procs.stopAll();
-    if (!ok) {
-      for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
-      if (pageErrors.length) console.error('---- page errors ----\n' + pageErrors.join('\n'));
-      console.error(`logs kept in ${tmp}`);
-    } else {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
+    await finish({ browser, procs, tmp, ok, pageErrors });
   }
 }, { watchdogS: 250 });
