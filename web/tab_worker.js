@@ -132,10 +132,11 @@ function newTab() {
 
 // The Hub's refusal in a line of the member (xhr_source.cc words it, never quoting the token):
 // 401, no token or none accepted; 403, the token given has no access.
-const kTokenWanted = /HTTP (40[13]) \(a gated or private repo/;
+// The line names the file read as REPO@COMMIT/FILE.
+const kTokenWanted = /(?:([\w.-]+\/[\w.-]+)@[\w.-]+\/\S*: )?HTTP (40[13]) \(a gated or private repo/;
 function hubRefused(line) {
   const m = kTokenWanted.exec(line || '');
-  if (m) event({ kind: 'hub_unauthorized', status: Number(m[1]), token_held: hubToken !== '' });
+  if (m) event({ kind: 'hub_unauthorized', status: Number(m[2]), repo: m[1] || '', token_held: hubToken !== '' });
 }
 
 // Sends what the member has for the link and passes its events on, as join.js shows them.

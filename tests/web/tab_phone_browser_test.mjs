@@ -170,7 +170,7 @@ await runTest('tab_phone_browser_test', async () => {
     await page.locator('#token-form').waitFor({ state: 'visible' });
     await page.locator('#work-error[data-status="401"]').waitFor();
     const err401 = await page.locator('#work-error').innerText();
-    check(/without a token \(HTTP 401/.test(err401), `the page says: ${err401}`);
+    check(/refused acme\/gated without a token \(HTTP 401/.test(err401), `the page says: ${err401}`);
     check(await page.locator('#token-input').getAttribute('type') === 'password', 'the token field is no password field');
     check(tabReads((x) => x.status === 401 && !x.auth).length > 0,
       `the Hub answered the tab no 401 without a token: ${JSON.stringify(hubReads.slice(-5))}`);
@@ -184,7 +184,8 @@ await runTest('tab_phone_browser_test', async () => {
     await refused('acme/gated', 403);
     await page.locator('#work-error[data-status="403"]').waitFor();
     const err403 = await page.locator('#work-error').innerText();
-    check(/refused the token given here \(HTTP 403\)/.test(err403), `the page says: ${err403}`);
+    check(/refused the token given here \(HTTP 403\): it has no access to acme\/gated\./.test(err403),
+      `the page says: ${err403}`);
     await page.locator('#token-form').waitFor({ state: 'visible' });
     check(tabReads((x) => x.status === 403 && x.auth === `Bearer ${WRONG}`).length > 0,
       'the Hub answered no 403 to the wrong token');
