@@ -127,7 +127,8 @@ await runTest('join_browser_test', async () => {
     step('the test Hub answers a browser page across origins (CORS)');
     const repos = path.join(tmp, 'repos');
     fs.cpSync(path.join(E.models, 'stories260K'), path.join(repos, 'acme', 'tiny'), { recursive: true });
-    const hub = await startTestHub(procs, E, repos, ['--gate', 'acme/tiny', '--token', TOKEN, '--redirect-above', '100000'],
+    const hub = await startTestHub(procs, E, repos,
+      ['--gate', 'acme/tiny', '--token', TOKEN, '--redirect-above', '100000'],
       { probe: '/acme/tiny/resolve/main/config.json', status: 401 });
     const got = await page.evaluate(async ({ hub, token }) => {
       const out = {};

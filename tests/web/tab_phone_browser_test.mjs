@@ -171,7 +171,8 @@ await runTest('tab_phone_browser_test', async () => {
     await page.locator('#work-error[data-status="401"]').waitFor();
     const err401 = await page.locator('#work-error').innerText();
     check(/refused acme\/gated without a token \(HTTP 401/.test(err401), `the page says: ${err401}`);
-    check(await page.locator('#token-input').getAttribute('type') === 'password', 'the token field is no password field');
+    check(await page.locator('#token-input').getAttribute('type') === 'password',
+      'the token field is no password field');
     check(tabReads((x) => x.status === 401 && !x.auth).length > 0,
       `the Hub answered the tab no 401 without a token: ${JSON.stringify(hubReads.slice(-5))}`);
     check(tabReads((x) => x.auth).length === 0, 'the tab sent some token before one was typed: serve gave it one?');
@@ -203,7 +204,8 @@ await runTest('tab_phone_browser_test', async () => {
     const ranged = hubReads.slice(before).filter((x) => x.url.endsWith('/model.safetensors') && x.status === 206);
     check(ranged.length > 0 && ranged.every((x) => /^bytes=\d+-\d+$/.test(x.range) && x.auth === `Bearer ${TOKEN}`),
       `the tab's ranged reads do not carry the token: ${JSON.stringify(hubReads.slice(before).slice(0, 10))}`);
-    check(await page.locator('#work-error').isHidden(), `the page shows: ${await page.locator('#work-error').innerText()}`);
+    check(await page.locator('#work-error').isHidden(),
+      `the page shows: ${await page.locator('#work-error').innerText()}`);
     await page.screenshot({ path: path.join(E.artifacts, 'tab-phone-token.png'), fullPage: true });
 
     step('the token is held in memory only');

@@ -54,7 +54,8 @@ await runTest('tab_ring_browser_test', async () => {
     step('the test Hub, serve, two nodes');
     const repos = path.join(tmp, 'repos');
     fs.cpSync(stories, path.join(repos, 'acme', 'stories'), { recursive: true });
-    const hub = await startTestHub(procs, E, repos, [], { probe: '/acme/stories/resolve/main/config.json', status: 200 });
+    const hub = await startTestHub(procs, E, repos, [],
+      { probe: '/acme/stories/resolve/main/config.json', status: 200 });
 
     const home = (name) => {
       const d = path.join(tmp, 'home-' + name);
