@@ -7,7 +7,8 @@ find_program(DAISY_NODE_EXECUTABLE NAMES node nodejs)
 set(DAISY_WEB_TEST_DIR ${CMAKE_CURRENT_SOURCE_DIR}/web)
 set(DAISY_WEB_ARTIFACT_DIR ${CMAKE_BINARY_DIR}/artifacts)
 
-foreach(t browser openai chat_api chat_browser token_browser qr_browser join_browser tab_ring_browser)
+foreach(t browser openai chat_api chat_browser token_browser qr_browser join_browser tab_ring_browser
+          tab_phone_browser)
   if(DAISY_NODE_EXECUTABLE)
     set(cmd ${DAISY_NODE_EXECUTABLE} ${DAISY_WEB_TEST_DIR}/${t}_test.mjs)
   else()

@@ -24,7 +24,8 @@
     ws: null,
     joined: false,    // the host approved this key
     started: false,   // the ring member runs in the worker
-    leaving: false,
+    leaving: false,   // the page goes away: the link closes for good
+    away: false,      // hidden (the screen is off): out of the room, the link kept
     linkTries: 0,
     tokenHeld: false,
   };
@@ -158,7 +159,10 @@
         openLink();
         break;
       case 'left':
-        closeLink(1000, 'the tab left the room');
+        if (st.leaving) closeLink(1000, 'the tab left the room');
+        break;
+      case 'token':
+        showToken(m.held);
         break;
       case 'close':
         closeLink(m.code, m.reason);
@@ -194,6 +198,7 @@
   function onEvent(e) {
     switch (e.kind) {
       case 'status':
+        if ((e.state === 'linked' || e.state === 'in_room') && !st.away) setLink('up', 'linked');
         log(e.line, e.level);
         break;
       case 'slice': {
@@ -223,11 +228,22 @@
         setText('budget', fmtBytes(e.bytes));
         $('budget').dataset.bytes = String(e.bytes);
         break;
-      case 'hub_unauthorized':
+      case 'hub_unauthorized': {
+        // The token field only now: the Hub refused this tab's read. 401 without a token: the
+        // repo is gated or private; 403, or 401 with one: the token given was refused.
         $('token-card').hidden = false;
         $('token-form').hidden = false;
-        setMsg('work-error', 'The Hub refused ' + (e.repo || 'the model') + ' without a token: give one below.');
+        $('token-held').hidden = true;
+        const what = e.repo || 'this model';
+        const refused = e.status === 403 || e.token_held;
+        setMsg('work-error', refused
+          ? `The Hub refused the token given here (HTTP ${e.status}): it has no access to ${what}. Give another ` +
+            'token below (one from an account that accepted the model\'s terms), then run the turn again.'
+          : `The Hub refused ${what} without a token (HTTP ${e.status}: a gated or private repo): give one below, ` +
+            'then run the turn again.');
+        $('work-error').dataset.status = String(e.status);
         break;
+      }
       case 'error':
         setMsg('work-error', e.message);
         log(e.message, 'error');
@@ -363,7 +379,7 @@
   }
 
   function openLink() {
-    if (st.leaving || (st.ws && st.ws.readyState <= WebSocket.OPEN)) return;
+    if (st.leaving || st.away || (st.ws && st.ws.readyState <= WebSocket.OPEN)) return;
     const url = (location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/api/link';
     let ws;
     try {
@@ -392,8 +408,8 @@
     st.ws = null;
     post({ type: 'link', state: 'closed', code, reason });
     const why = reason ? ` (${code}: ${reason})` : ` (${code})`;
-    if (st.leaving) {
-      setLink('down', 'left the room');
+    if (st.leaving || st.away) {
+      setLink('down', 'left the room');  // coming back links again
       return;
     }
     if (code === 4003) {  // not approved (any more): ask again and wait
@@ -426,27 +442,44 @@
     }
   }
 
-  // The screen turns off, the tab goes to the background or is closed: say Bye and close, so
-  // serve drops this member at once and the head re-plans; the link's pings would notice
-  // within seconds anyway. Coming back links again.
+  // The screen turns off or the tab goes to the background: say Bye, so serve drops this
+  // member at once and the head re-plans. The Bye is what does it: a hidden page's link stays
+  // open (the browser answers serve's pings outside the page's JavaScript), so serve would
+  // keep planning a member that computes nothing. The link and the slice held are kept:
+  // coming back joins again over the same link, the same key (no new approval, no download).
   function leave() {
+    if (!st.started || st.away || st.leaving) return;
+    st.away = true;
+    setLink(st.ws && st.ws.readyState === WebSocket.OPEN ? 'away' : 'down', 'away: out of the room');
+    log('the page is hidden (the screen is off?): this device left the room until it is shown again');
+    post({ type: 'leave' });
+  }
+  // The page goes away (closed, or into the back-forward cache): Bye, and the link closes.
+  function goAway() {
+    leave();
     if (!st.started || st.leaving) return;
     st.leaving = true;
-    post({ type: 'leave' });
     setTimeout(() => closeLink(1000, 'the tab left the room'), 500);  // the worker may be frozen
   }
   function comeBack() {
-    if (!st.leaving) return;
+    if (!st.away && !st.leaving) return;
+    st.away = false;
     st.leaving = false;
     st.linkTries = 0;
-    log('back: linking again');
+    if (st.ws && st.ws.readyState === WebSocket.OPEN) {
+      log('shown again: joining the room again');
+      setLink('up', 'linked');
+      post({ type: 'rejoin' });
+      return;
+    }
+    log('shown again: linking again');
     openLink();
   }
   document.addEventListener('visibilitychange', () => {
     if (document.visibilityState === 'hidden') leave();
     else comeBack();
   });
-  window.addEventListener('pagehide', leave);
+  window.addEventListener('pagehide', goAway);
   window.addEventListener('pageshow', (ev) => { if (ev.persisted) comeBack(); });
 
   // ---------- the Hub token (only after the Hub answered 401; memory only) ----------
@@ -458,18 +491,21 @@
     input.value = '';
     if (!token) return;
     post({ type: 'token', token });
-    st.tokenHeld = true;
-    $('token-form').hidden = true;
-    $('token-held').hidden = false;
     setMsg('work-error', '');
+    log('a Hub token is held in this page\'s memory; the next turn reads with it');
   });
   $('token-forget').addEventListener('click', () => {
     post({ type: 'forget-token' });
-    st.tokenHeld = false;
-    $('token-held').hidden = true;
-    $('token-card').hidden = true;
     log('the Hub token is forgotten');
   });
+  // What the worker holds (its answer to a token given or forgotten).
+  function showToken(held) {
+    st.tokenHeld = !!held;
+    $('token-form').hidden = st.tokenHeld;
+    $('token-held').hidden = !st.tokenHeld;
+    $('token-held').dataset.held = String(st.tokenHeld);
+    if (!st.tokenHeld) $('token-card').hidden = true;
+  }
 
   $('join-form').addEventListener('submit', (ev) => {
     ev.preventDefault();

@@ -13,8 +13,10 @@
 //                                              navigator.deviceMemory says, 0: unknown)
 //   {type: 'link', state: 'open'|'closed', code, reason}
 //   {type: 'recv', data: ArrayBuffer}          one binary message from the link
-//   {type: 'token', token} / {type: 'forget-token'}   the Hub token, held here in memory only
-//   {type: 'leave'}                            send Bye, then answer 'left'
+//   {type: 'token', token} / {type: 'forget-token'}   the Hub token, held here in memory only;
+//                                              the member's next Hub read uses it (or none)
+//   {type: 'leave'}                            send Bye, then answer 'left' (the link stays open)
+//   {type: 'rejoin'}                           join the room again over the same link
 // worker -> page:
 //   {type: 'engine', backend, probe_hash}      the module runs; its backend and probe hash
 //   {type: 'keys', public_key, secret_key, id, fingerprint}
@@ -23,12 +25,12 @@
 //                                              n_layers, model}, progress {done, total},
 //                                              probe {state, hash, ring_hash}, text {head_id,
 //                                              head, stream, part, index, text},
-//                                              budget {bytes}, hub_unauthorized {repo},
-//                                              error {message}
+//                                              budget {bytes}, hub_unauthorized {status:
+//                                              401 no token, 403 token refused}, error {message}
 //   {type: 'started'}                          the ring member runs: open the link
-//   {type: 'close', code, reason}              close the link (the member refused a message,
-//                                              or a new Hub token needs a new member)
+//   {type: 'close', code, reason}              close the link (the member refused a message)
 //   {type: 'left'}
+//   {type: 'token', held}                      whether the worker holds a Hub token now
 //   {type: 'fatal', message}                   the module cannot run here
 'use strict';
 
@@ -99,18 +101,22 @@ let myProbe = '';
 
 function tstr(ptr) { return T.UTF8ToString(ptr); }
 
-// Calls fn with each string of `list` as a C string of T's heap.
+// Calls fn with each string of `list` as a C string of T's heap (overwritten before it is
+// freed: one of them may be the Hub token).
 function withTStrings(list, fn) {
-  const ptrs = list.map((s) => {
+  const bufs = list.map((s) => {
     const n = T.lengthBytesUTF8(s) + 1;
     const p = T._malloc(n);
     T.stringToUTF8(s, p, n);
-    return p;
+    return [p, n];
   });
   try {
-    return fn(...ptrs);
+    return fn(...bufs.map((b) => b[0]));
   } finally {
-    for (const p of ptrs) T._free(p);
+    for (const [p, n] of bufs) {
+      T.HEAPU8.fill(0, p, p + n);
+      T._free(p);
+    }
   }
 }
 
@@ -124,7 +130,14 @@ function newTab() {
   if (!tab) event({ kind: 'error', message: 'The ring member cannot start: ' + tstr(T._daisy_tab_new_error()) });
 }
 
-const kTokenWanted = /HTTP 40[13]/;
+// The Hub's refusal in a line of the member (xhr_source.cc words it, never quoting the token):
+// 401, no token or none accepted; 403, the token given has no access.
+// The line names the file read as REPO@COMMIT/FILE.
+const kTokenWanted = /(?:([\w.-]+\/[\w.-]+)@[\w.-]+\/\S*: )?HTTP (40[13]) \(a gated or private repo/;
+function hubRefused(line) {
+  const m = kTokenWanted.exec(line || '');
+  if (m) event({ kind: 'hub_unauthorized', status: Number(m[2]), repo: m[1] || '', token_held: hubToken !== '' });
+}
 
 // Sends what the member has for the link and passes its events on, as join.js shows them.
 function flush() {
@@ -153,11 +166,11 @@ function flush() {
         postMessage({ type: 'engine', backend: e.backend, probe_hash: e.probe_hash, member: true });
         break;
       case 'status':
-        event({ kind: 'status', line: e.line });
+        event({ kind: 'status', state: e.state, line: e.line });
         break;
       case 'log':
         event({ kind: 'status', line: e.line, level: e.level === 'warning' ? 'warn' : '' });
-        if (kTokenWanted.test(e.line) && /token/.test(e.line)) event({ kind: 'hub_unauthorized' });
+        hubRefused(e.line);
         break;
       case 'peers': {
         const head = (e.members || []).find((x) => x.head);
@@ -179,7 +192,7 @@ function flush() {
         break;
       case 'error':
         event({ kind: 'error', message: e.message });
-        if (kTokenWanted.test(e.message) && /token/.test(e.message)) event({ kind: 'hub_unauthorized' });
+        hubRefused(e.message);
         break;
       default:
         break;
@@ -243,11 +256,12 @@ onmessage = async (ev) => {
       receive(m.data);
       break;
     case 'token':
-      hubToken = String(m.token || '');
-      if (tab) postMessage({ type: 'close', code: 1000, reason: 'linking again with the Hub token' });
-      break;
     case 'forget-token':
-      hubToken = '';
+      // The member reads with it from its next Hub request on: no new link, the room and the
+      // slice held are kept. Forgotten: overwritten in the module, dropped here.
+      hubToken = m.type === 'token' ? String(m.token || '') : '';
+      if (tab) withTStrings([hubToken], (p) => T._daisy_tab_set_token(tab, p));
+      postMessage({ type: 'token', held: hubToken !== '' });
       break;
     case 'leave':
       if (tab) {
@@ -255,6 +269,12 @@ onmessage = async (ev) => {
         flush();
       }
       postMessage({ type: 'left' });
+      break;
+    case 'rejoin':
+      if (tab) {
+        T._daisy_tab_rejoin(tab);
+        flush();
+      }
       break;
     default:
       break;

@@ -6,6 +6,7 @@
 // read with synchronous XMLHttpRequest byte ranges (xhr_source.h), or, for tests under
 // node.js, from files handed over in memory (daisy_tab_file). Built only by the Emscripten
 // build. Not thread-safe: one JavaScript thread drives a module instance.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "daisy/log.h"
 #include "daisy/tab.h"
 #include "xhr_source.h"
 
@@ -66,7 +68,10 @@ class MemoryModel final : public daisy::ModelSource {
 // The handle JavaScript holds: one tab, its pending outgoing messages, its files.
 struct DaisyTab {
   std::unique_ptr<daisy::tab::TabMember> member;
-  std::string hub_endpoint, hub_token;  // "" endpoint: files in memory only
+  std::string hub_endpoint;  // "": files in memory only
+  // The page's Hub token ("": none), shared with every model source this tab opened, so a
+  // token given or forgotten applies to the next read at once (no new link, the slice kept).
+  std::shared_ptr<std::string> hub_token = std::make_shared<std::string>();
   Files files;
   std::vector<std::vector<uint8_t>> outgoing;
   size_t next_out = 0;
@@ -76,6 +81,21 @@ struct DaisyTab {
 
 namespace {
 std::string g_error;  // why the last daisy_tab_new failed
+
+// Replaces the tab's token: the old one is overwritten in place and dropped from the log
+// scrubber's list (a forgotten token is held nowhere in the module), the new one is
+// registered there, so a line that might quote it never does.
+void SetToken(DaisyTab& t, const std::string& token) {
+  std::string& held = *t.hub_token;
+  if (!held.empty()) {
+    daisy::ForgetSecret(held);
+    std::fill(held.begin(), held.end(), '\0');
+  }
+  held.clear();
+  held.shrink_to_fit();
+  held = token;
+  if (!held.empty()) daisy::RegisterSecret(held);
+}
 }  // namespace
 
 extern "C" {
@@ -104,7 +124,7 @@ DaisyTab* daisy_tab_new(const char* secret_z85, const char* server_key, const ch
   o.name = s(name);
   o.budget = budget_bytes > 0 ? static_cast<uint64_t>(budget_bytes) : 0;
   tab->hub_endpoint = s(hub_endpoint);
-  tab->hub_token = s(hub_token);
+  SetToken(*tab, s(hub_token));
   DaisyTab* raw = tab.get();
   o.open_model = [raw](const std::string& model_id,
                        const std::string& revision) -> daisy::Result<std::unique_ptr<daisy::ModelSource>> {
@@ -131,7 +151,13 @@ const char* daisy_tab_new_error() {
 }
 
 void daisy_tab_free(DaisyTab* t) {
+  if (t != nullptr) SetToken(*t, "");
   delete t;
+}
+
+// The page's Hub token for this tab's reads from now on ("" or null: forget it).
+void daisy_tab_set_token(DaisyTab* t, const char* token) {
+  SetToken(*t, token == nullptr ? "" : token);
 }
 
 // The key pair's halves (the page keeps the secret in its storage) and the device id.
@@ -197,6 +223,10 @@ void daisy_tab_tick(DaisyTab* t) {
 
 void daisy_tab_leave(DaisyTab* t) {
   t->member->Leave();
+}
+
+void daisy_tab_rejoin(DaisyTab* t) {
+  t->member->Rejoin();
 }
 
 // The events since the last call, as a JSON array of objects (see README.md).

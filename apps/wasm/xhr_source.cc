@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <string_view>
 #include <utility>
 
@@ -82,12 +83,12 @@ Status HttpError(int status, const std::string& what) {
 
 class XhrFile final : public ByteSource {
  public:
-  XhrFile(std::string name, std::string url, const std::string& token)
-      : name_(std::move(name)), url_(std::move(url)), token_(token) {}
+  XhrFile(std::string name, std::string url, std::shared_ptr<const std::string> token)
+      : name_(std::move(name)), url_(std::move(url)), token_(std::move(token)) {}
   const std::string& name() const override { return name_; }
   Result<uint64_t> Size() override {
     if (size_ >= 0) return static_cast<uint64_t>(size_);
-    Response r = Get(url_, token_, 0, 0);
+    Response r = Get(url_, *token_, 0, 0);
     if (r.status != 206) return r.status == 200 ? RangeRefused() : HttpError(r.status, name_);
     if (r.total < 0) return Unavailable(name_ + ": the answer to a range request has no readable Content-Range");
     size_ = r.total;
@@ -99,7 +100,7 @@ class XhrFile final : public ByteSource {
     for (uint64_t done = 0; done < length;) {
       const uint64_t n = std::min(kChunk, length - done);
       const double first = static_cast<double>(offset + done);
-      Response r = Get(url_, token_, first, first + static_cast<double>(n) - 1);
+      Response r = Get(url_, *token_, first, first + static_cast<double>(n) - 1);
       if (r.status != 206) return r.status == 200 ? RangeRefused() : HttpError(r.status, name_);
       if (r.body.size() != n)
         return DataLoss(name_ + ": asked for " + std::to_string(n) + " bytes at offset " +
@@ -115,23 +116,22 @@ class XhrFile final : public ByteSource {
     return Unavailable(name_ + ": the server answered a byte-range request with the whole file (200, not 206)");
   }
   std::string name_, url_;
-  const std::string& token_;
+  std::shared_ptr<const std::string> token_;
   double size_ = -1;
 };
 
 class XhrModelSource final : public ModelSource {
  public:
-  XhrModelSource(std::string endpoint, std::string repo, std::string commit, std::string token)
+  XhrModelSource(std::string endpoint, std::string repo, std::string commit, std::shared_ptr<const std::string> token)
       : endpoint_(std::move(endpoint)), repo_(std::move(repo)), commit_(std::move(commit)), token_(std::move(token)) {
     while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
-    if (!token_.empty()) RegisterSecret(token_);  // scrubbed from any line that might quote it
   }
   std::string Describe() const override { return repo_ + "@" + commit_; }
   std::string ModelId() const override { return repo_; }
   std::string Revision() const override { return commit_; }
   Result<std::string> ReadFile(std::string_view file) override {
     if (!IsSafeFileName(file)) return InvalidArgument("file name '" + std::string(file) + "' is refused");
-    Response r = Get(Url(file), token_, -1, -1);
+    Response r = Get(Url(file), *token_, -1, -1);
     if (r.status != 200) return HttpError(r.status, Describe() + "/" + std::string(file));
     return std::move(r.body);
   }
@@ -145,13 +145,14 @@ class XhrModelSource final : public ModelSource {
   std::string Url(std::string_view file) const {
     return endpoint_ + "/" + repo_ + "/resolve/" + commit_ + "/" + std::string(file);
   }
-  std::string endpoint_, repo_, commit_, token_;
+  std::string endpoint_, repo_, commit_;
+  std::shared_ptr<const std::string> token_;
 };
 
 }  // namespace
 
 std::unique_ptr<ModelSource> OpenXhrModelSource(std::string endpoint, std::string repo, std::string commit,
-                                                std::string token) {
+                                                std::shared_ptr<const std::string> token) {
   return std::make_unique<XhrModelSource>(std::move(endpoint), std::move(repo), std::move(commit), std::move(token));
 }
 

@@ -15,8 +15,10 @@
 namespace daisy::wasm {
 
 // `endpoint`: the Hub's base URL ("https://huggingface.co", or serve's own mirror);
-// `repo`: "owner/name"; `commit`: the pinned revision the head named.
+// `repo`: "owner/name"; `commit`: the pinned revision the head named; `token`: the page's
+// token as its tab holds it ("": none), shared so that a token given or forgotten later
+// applies to every read from then on, of files already open too.
 std::unique_ptr<ModelSource> OpenXhrModelSource(std::string endpoint, std::string repo, std::string commit,
-                                                std::string token);
+                                                std::shared_ptr<const std::string> token);
 
 }  // namespace daisy::wasm

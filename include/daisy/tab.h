@@ -108,8 +108,12 @@ class TabMember : public StageHost {
   // Time passes (call it every few hundred ms): a head gone from the room is forgotten, a
   // join that got no peer list is sent again.
   void Tick();
-  // Leaves the room (bye up the link; the caller then closes the WebSocket).
+  // Leaves the room (bye up the link): the screen turned off, or the page goes away. The
+  // link may stay open; what arrives meanwhile is opened and dropped.
   void Leave();
+  // Joins the room again over the same link after Leave (the screen came back on): the
+  // same key, so no new approval, and the slice held is kept.
+  void Rejoin();
   // What happened since the last call, each a JSON object with an "event" field:
   // status, hello, slice, progress, text, log, error (see apps/wasm/README.md).
   std::vector<std::string> TakeEvents();

@@ -77,7 +77,6 @@ Result<std::unique_ptr<TabMember>> TabMember::Create(TabOptions options) {
 }
 
 Status TabMember::Receive(std::span<const uint8_t> message) {
-  if (left_) return FailedPrecondition("this tab left the room");
   if (!link_.server_key().empty() && !link_.up()) {
     Status st = link_.Confirm(message);
     if (!st.ok()) {
@@ -87,6 +86,7 @@ Status TabMember::Receive(std::span<const uint8_t> message) {
     StatusEvent("linked",
                 "linked to serve (key " + net::Fingerprint(link_.server_key()) + "); joining room '" + o_.room + "'");
     joined_at_ = Clock::now();
+    if (left_) return Status::Ok();  // hidden before the link was up: Rejoin joins
     return SendUp(wire::Message(wire::Join{o_.room, address_, hello_}));
   }
   if (!link_.up()) {
@@ -103,6 +103,9 @@ Status TabMember::Receive(std::span<const uint8_t> message) {
     Event(Json{{"event", "error"}, {"message", "serve's link: " + inner.status().message()}}.dump());
     return inner.status();
   }
+  // Out of the room (the screen is off): a peer list or a late envelope on its way when
+  // the bye left is opened, so the link stays sound, and dropped.
+  if (left_) return Status::Ok();
   OnInner(std::move(*inner));
   return Status::Ok();
 }
@@ -174,7 +177,17 @@ void TabMember::Leave() {
   if (left_) return;
   if (link_.up()) (void)SendUp(wire::Message(wire::Bye{id()}));
   left_ = true;
+  in_room_ = false;
   StatusEvent("left", "left the room");
+}
+
+void TabMember::Rejoin() {
+  if (!left_) return;
+  left_ = false;
+  joined_at_ = Clock::now();
+  if (!link_.up()) return;  // the handshake's end sends the join
+  StatusEvent("linked", "back: joining room '" + o_.room + "' again");
+  (void)SendUp(wire::Message(wire::Join{o_.room, address_, hello_}));
 }
 
 Status TabMember::SendUp(const wire::Message& inner) {

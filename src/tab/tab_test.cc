@@ -300,5 +300,51 @@ TEST_F(TabRing, DropsWhatNoOneMaySendAndRefusesAReplayedLink) {
   EXPECT_EQ(tab->Receive(message).code(), ErrorCode::kPermissionDenied);
 }
 
+// The screen turns off: a bye up the link, the link kept; what arrives meanwhile is dropped
+// (no error: the page would close the link). Shown again: a join over the same link, and the
+// slice held is kept (the same assignment opens no model again).
+TEST_F(TabRing, LeavesByByeKeepsTheLinkAndRejoinsWithItsSlice) {
+  Link();
+  const wire::Assignment a = Assignment(head, serve.tab_id);
+  FromHead(wire::Message(a));
+  ASSERT_TRUE(tab->stage().holds_layers());
+  ToHead();
+  EXPECT_EQ(opened, 1);
+
+  tab->Leave();
+  auto up = Up();
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_TRUE(std::holds_alternative<wire::Bye>(up[0]));
+  EXPECT_EQ(std::get<wire::Bye>(up[0]).device_id, serve.tab_id);
+  EXPECT_FALSE(tab->in_room());
+  EXPECT_TRUE(tab->linked());
+  wire::Hello hh;
+  hh.device_id = head.id;
+  hh.name = "head";
+  hh.capabilities = wire::kCapHead;
+  const wire::Peers heads_only{"r", {{head.address, hh, head.keys.public_key}}};
+  ASSERT_TRUE(tab->Receive(serve.Down(wire::Message(heads_only))).ok());
+  tab->Tick();
+  EXPECT_TRUE(tab->TakeOutgoing().empty());  // no join while away, whatever arrives
+
+  tab->Rejoin();
+  up = Up();
+  ASSERT_EQ(up.size(), 1u);
+  ASSERT_TRUE(std::holds_alternative<wire::Join>(up[0]));
+  const auto& join = std::get<wire::Join>(up[0]);
+  EXPECT_EQ(join.address, "relay://" + serve.tab_id);
+  const wire::Peers both{"r", {{head.address, hh, head.keys.public_key}, {join.address, join.hello, serve.tab_key}}};
+  ASSERT_TRUE(tab->Receive(serve.Down(wire::Message(both))).ok());
+  EXPECT_TRUE(tab->in_room());
+  wire::Assignment again = a;
+  again.turn = 8;
+  FromHead(wire::Message(again));
+  bool ready = false;
+  for (auto& m : ToHead())
+    if (auto* r = std::get_if<wire::Ready>(&m)) ready = r->stage == 1 && r->bytes_held > 0;
+  EXPECT_TRUE(ready);
+  EXPECT_EQ(opened, 1);  // the slice was kept: nothing opened or fetched again
+}
+
 }  // namespace
 }  // namespace daisy::tab

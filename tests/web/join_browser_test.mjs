@@ -18,32 +18,21 @@
 //   - without the module (a binary built without Emscripten; the test answers 404 for it)
 //     the page says the browser node is not built in and offers no Join.
 // Screenshots join-360-pending.png and join-360-approved.png go to DAISY_ARTIFACT_DIR.
-import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, env, fail, freePort, getJSON, importPackage, killOnSignals, requireChromium, requireFile, runTest,
-  tempDir, waitFor, waitForServe,
+  Procs, check, env, finish, freePort, getJSON, importPackage, killOnSignals, launchChromium, nativeProbeHash,
+  requireChromium, requireFile, runTest, startServe, startTestHub, tempDir, testhubPath, waitForDevices,
 } from './lib.mjs';
 
 const E = env();
 const TOKEN = 'hf_PageToken' + process.pid + 'Zq';
 
-// The probe hash the native binary prints (`generate --verbose`).
-function nativeProbeHash() {
-  const r = spawnSync(E.bin, ['generate', '--model', path.join(E.models, 'stories260K'), '--prompt', 'x', '-n', '1',
-    '--verbose'], { encoding: 'utf8', timeout: 60000 });
-  const m = /^probe hash: ([0-9a-f]{16})$/m.exec((r.stdout || '') + (r.stderr || ''));
-  if (!m) fail(`no probe hash from ${E.bin} generate --verbose: ${r.stderr}`);
-  return m[1];
-}
-
 await runTest('join_browser_test', async () => {
   requireChromium(E.chromium);
   const { chromium } = await importPackage('playwright-core');
   requireFile(E.bin, 'the daisychain binary', 'build it first (cmake --build build), or set DAISY_BIN_DIR');
-  const testhub = path.resolve(E.binDir, '..', '..', 'tests', 'support', 'testhub');
-  requireFile(testhub, 'the test Hub server', 'build it first (cmake --build build --target testhub)');
+  testhubPath(E);
   fs.mkdirSync(E.artifacts, { recursive: true });
 
   const tmp = tempDir('daisy_web_join_');
@@ -55,14 +44,12 @@ await runTest('join_browser_test', async () => {
   const pageErrors = [];
   try {
     const port = await freePort();
-    const base = `http://127.0.0.1:${port}`;
     const room = 'phones' + port;
     const home = path.join(tmp, 'serve');
     fs.mkdirSync(home, { recursive: true });
-    const secretFile = path.join(tmp, 'admin-secret');
-    procs.start('serve', E.bin, ['serve', '--port', String(port), '--room', room, '--name', 'host', '--no-compute',
-      '--admin-secret-file', secretFile], { DAISY_HOME: home, HF_ENDPOINT: 'http://127.0.0.1:9/hub-for-tabs' });
-    const secret = await waitForServe(base, procs, secretFile);
+    const { base, secret } = await startServe(procs, E, tmp, { port,
+      args: ['--room', room, '--name', 'host', '--no-compute'],
+      env: { DAISY_HOME: home, HF_ENDPOINT: 'http://127.0.0.1:9/hub-for-tabs' } });
     const step = (s) => console.log(`-- ${s}`);
 
     step('serve\'s key and the browser node\'s files');
@@ -80,12 +67,9 @@ await runTest('join_browser_test', async () => {
     const etag = wasm.headers.get('etag');
     const again = await fetch(`${base}/daisy_engine.wasm`, { headers: { 'If-None-Match': etag } });
     check(etag && again.status === 304, `a revalidation of the module answers ${again.status}, not 304`);
-    const native = nativeProbeHash();
+    const native = nativeProbeHash(E);
 
-    browser = await chromium.launch({
-      executablePath: E.chromium,
-      args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'],
-    });
+    browser = await launchChromium(chromium, E);
     const phone = await browser.newContext({ viewport: { width: 360, height: 800 }, isMobile: true, hasTouch: true });
     page = await phone.newPage();
     page.setDefaultTimeout(30000);
@@ -114,10 +98,8 @@ await runTest('join_browser_test', async () => {
     await page.locator('#join-status[data-state="pending"]').waitFor();
     const waiting = await page.locator('#join-status').innerText();
     check(waiting.includes('Waiting for the host to approve ' + mine), `the page says: ${waiting}`);
-    const pending = await waitFor('the tab in serve\'s pending list', async () => {
-      const s = await getJSON(`${base}/api/state`, secret);
-      return s.devices.find((d) => d.fingerprint === mine && d.status === 'pending');
-    }, { procs });
+    const pending = await waitForDevices(base, secret, 'the tab in serve\'s pending list',
+      (ds) => ds.find((d) => d.fingerprint === mine && d.status === 'pending'), { procs });
     check(pending.name === 'test phone', `serve lists the tab as ${JSON.stringify(pending.name)}`);
     await page.screenshot({ path: path.join(E.artifacts, 'join-360-pending.png'), fullPage: true });
 
@@ -145,11 +127,9 @@ await runTest('join_browser_test', async () => {
     step('the test Hub answers a browser page across origins (CORS)');
     const repos = path.join(tmp, 'repos');
     fs.cpSync(path.join(E.models, 'stories260K'), path.join(repos, 'acme', 'tiny'), { recursive: true });
-    const hubPort = await freePort();
-    procs.start('testhub', testhub, ['--root', repos, '--port', String(hubPort), '--gate', 'acme/tiny', '--token', TOKEN,
-      '--redirect-above', '100000']);
-    const hub = `http://127.0.0.1:${hubPort}`;
-    await waitFor('the test Hub', async () => (await fetch(`${hub}/acme/tiny/resolve/main/config.json`)).status === 401, { procs });
+    const hub = await startTestHub(procs, E, repos,
+      ['--gate', 'acme/tiny', '--token', TOKEN, '--redirect-above', '100000'],
+      { probe: '/acme/tiny/resolve/main/config.json', status: 401 });
     const got = await page.evaluate(async ({ hub, token }) => {
       const out = {};
       const small = await fetch(`${hub}/acme/tiny/resolve/main/config.json`,
@@ -208,14 +188,6 @@ await runTest('join_browser_test', async () => {
     ok = true;
   } finally {
     if (!ok && page) await page.screenshot({ path: path.join(E.artifacts, 'join-failure.png'), fullPage: true }).catch(() => {});
-    if (browser) await browser.close().catch(() => {});
-    await procs.stopAll();
-    if (!ok) {
-      for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
-      if (pageErrors.length) console.error('---- page errors ----\n' + pageErrors.join('\n'));
-      console.error(`logs kept in ${tmp}`);
-    } else {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
+    await finish({ browser, procs, tmp, ok, pageErrors });
   }
 });

@@ -1,6 +1,6 @@
 // Shared helpers of the web tests: paths from the environment, free ports, child
 // processes in their own process groups (killed at the end whatever happens), waiting.
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -206,6 +206,96 @@ export async function waitForServe(base, procs, secretFile, timeoutMs = 30000) {
   }, { timeoutMs, procs, intervalMs: 100 });
   await waitFor(`${base}/api/state to answer`, () => getJSON(`${base}/api/state`, secret), { timeoutMs, procs, intervalMs: 200 });
   return secret;
+}
+
+// ---------- what several web tests start the same way ----------
+
+// `daisychain ARGS` run to its end (60 s at most): its stdout and stderr. Fails on a non-zero exit.
+export function cli(E, args, extraEnv = {}) {
+  const r = spawnSync(E.bin, args, { encoding: 'utf8', timeout: 60000, env: { ...process.env, ...extraEnv } });
+  if (r.status !== 0) fail(`${E.bin} ${args.join(' ')} exited with ${r.status}: ${r.stderr}`);
+  return (r.stdout || '') + (r.stderr || '');
+}
+
+// The last JSON object in a command's output (`--json` prints it on lines of its own).
+export function lastJson(log) {
+  const at = log.lastIndexOf('\n{');
+  if (at < 0) fail('the head printed no JSON:\n' + log.slice(-3000));
+  return JSON.parse(log.slice(at + 1));
+}
+
+// The probe hash the native binary prints (`generate --verbose` on stories260K).
+export function nativeProbeHash(E, extraEnv = {}) {
+  const out = cli(E, ['generate', '--model', path.join(E.models, 'stories260K'), '--prompt', 'x', '-n', '1',
+    '--verbose'], extraEnv);
+  const m = /^probe hash: ([0-9a-f]{16})$/m.exec(out);
+  if (!m) fail(`no probe hash from ${E.bin} generate --verbose`);
+  return m[1];
+}
+
+// The test Hub server (tools/testhub.cc), failing clearly when it is not built.
+export function testhubPath(E) {
+  const testhub = path.resolve(E.binDir, '..', '..', 'tests', 'support', 'testhub');
+  requireFile(testhub, 'the test Hub server', 'build it first (cmake --build build --target testhub)');
+  return testhub;
+}
+
+// Starts the test Hub serving `root` on a free port (`args`: --gate, --token, ...); resolves
+// its URL once a GET of `probe` (a path on it) answers `status`.
+export async function startTestHub(procs, E, root, args, { probe, status }) {
+  const port = await freePort();
+  const hub = `http://127.0.0.1:${port}`;
+  procs.start('testhub', testhubPath(E), ['--root', root, '--port', String(port), ...args]);
+  await waitFor('the test Hub', async () => (await fetch(hub + probe)).status === status, { procs });
+  return hub;
+}
+
+// Starts `daisychain serve --port PORT ARGS` with an admin secret file under `tmp`, and waits
+// until its API answers. `port`: one from freePort() (a room name may be made from it).
+export async function startServe(procs, E, tmp, { port, args, env: extraEnv = {} }) {
+  const secretFile = path.join(tmp, 'admin-secret');
+  procs.start('serve', E.bin, ['serve', '--port', String(port), ...args, '--admin-secret-file', secretFile], extraEnv);
+  const base = `http://127.0.0.1:${port}`;
+  const secret = await waitForServe(base, procs, secretFile);
+  return { base, secret, join: `127.0.0.1:${port}` };
+}
+
+// Headless Debian chromium as every browser test runs it.
+export function launchChromium(chromium, E) {
+  return chromium.launch({
+    executablePath: E.chromium,
+    args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'],
+  });
+}
+
+// A device in serve's room list that takes part: approved and not gone.
+export const inRoom = (d) => !!d && d.status !== 'pending' && d.status !== 'gone';
+
+// Polls serve's device list (GET /api/state) until `pick(devices)` gives a value, and returns it.
+export function waitForDevices(base, secret, what, pick, { procs, timeoutMs = 30000 } = {}) {
+  return waitFor(what, async () => pick((await getJSON(`${base}/api/state`, secret)).devices), { procs, timeoutMs });
+}
+
+// Waits for a child that is meant to end (a head's run); returns its log and stops watching it.
+export async function ended(procs, p, timeoutMs = 120000) {
+  await waitFor(`${p.name} to end`, () => p.exited, { timeoutMs });
+  const log = procs.log(p.name);
+  procs.list.splice(procs.list.indexOf(p), 1);  // ended as it should: no longer watched
+  return log;
+}
+
+// The end of a test, whatever happened: the browser closed, the children stopped; on a
+// failure their logs' tails and the page errors printed and `tmp` kept, else removed.
+export async function finish({ browser, procs, tmp, ok, pageErrors = [] }) {
+  if (browser) await browser.close().catch(() => {});
+  await procs.stopAll();
+  if (!ok) {
+    for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
+    if (pageErrors.length) console.error('---- page errors ----\n' + pageErrors.join('\n'));
+    console.error(`logs kept in ${tmp}`);
+  } else {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
 }
 
 // Runs main(); prints a clear failure and sets a non-zero exit code. A watchdog ends a

@@ -18,8 +18,8 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, SOURCE_DIR, check, env, fail, freePort, getJSON, importPackage, killOnSignals, requireChromium, requireFile,
-  runTest, tempDir, waitForServe,
+  Procs, SOURCE_DIR, check, env, fail, finish, freePort, getJSON, importPackage, killOnSignals, launchChromium,
+  requireChromium, requireFile, runTest, startServe, tempDir,
 } from './lib.mjs';
 
 const E = env();
@@ -56,21 +56,14 @@ await runTest('qr_browser_test', async () => {
   let ok = false;
   const pageErrors = [];
   try {
-    const port = await freePort();
-    const base = `http://127.0.0.1:${port}`;
     const home = path.join(tmp, 'serve');
     fs.mkdirSync(home, { recursive: true });
-    const secretFile = path.join(tmp, 'admin-secret');
-    procs.start('serve', E.bin, ['serve', '--port', String(port), '--name', 'serve', '--no-compute',
-      '--admin-secret-file', secretFile], { DAISY_HOME: home });
-    const secret = await waitForServe(base, procs, secretFile);
+    const { base, secret } = await startServe(procs, E, tmp, { port: await freePort(),
+      args: ['--name', 'serve', '--no-compute'], env: { DAISY_HOME: home } });
     const state = await getJSON(`${base}/api/state`, secret);
     check(state.join_url === '', `serve on 127.0.0.1 advertises a join URL: ${JSON.stringify(state.join_url)}`);
 
-    browser = await chromium.launch({
-      executablePath: E.chromium,
-      args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'],
-    });
+    browser = await launchChromium(chromium, E);
     const context = await browser.newContext({ viewport: { width: 360, height: 800 }, deviceScaleFactor: 1 });
     const page = await context.newPage();
     page.setDefaultTimeout(30000);
@@ -215,14 +208,6 @@ await runTest('qr_browser_test', async () => {
     check(pageErrors.length === 0, 'the page threw:\n' + pageErrors.join('\n'));
     ok = true;
   } finally {
-    if (browser) await browser.close().catch(() => {});
-    await procs.stopAll();
-    if (!ok) {
-      for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
-      if (pageErrors.length) console.error('---- page errors ----\n' + pageErrors.join('\n'));
-      console.error(`logs kept in ${tmp}`);
-    } else {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
+    await finish({ browser, procs, tmp, ok, pageErrors });
   }
 });

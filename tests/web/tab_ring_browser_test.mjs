@@ -14,35 +14,22 @@
 //       daisychain_faulty, sleep 30 ms a hop): the turn is replayed without it and ends with
 //       the single-device ids.
 // Screenshots tab-ring-desktop.png and tab-ring-360.png go to DAISY_ARTIFACT_DIR.
-import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, env, fail, freePort, getJSON, importPackage, killOnSignals, postJSON, requireChromium, requireFile,
-  runTest, tempDir, waitFor, waitForServe,
+  Procs, check, cli, ended, env, finish, freePort, getJSON, importPackage, inRoom, killOnSignals, lastJson,
+  launchChromium, nativeProbeHash, postJSON, requireChromium, requireFile, runTest, startServe, startTestHub, tempDir,
+  testhubPath, waitFor, waitForDevices,
 } from './lib.mjs';
 
 const E = env();
 const PROMPT = 'Once upon a time';
 
-function cli(args, extraEnv) {
-  const r = spawnSync(E.bin, args, { encoding: 'utf8', timeout: 60000, env: { ...process.env, ...extraEnv } });
-  if (r.status !== 0) fail(`${E.bin} ${args.join(' ')} exited with ${r.status}: ${r.stderr}`);
-  return (r.stdout || '') + (r.stderr || '');
-}
-
-function lastJson(log) {
-  const at = log.lastIndexOf('\n{');
-  if (at < 0) fail('the head printed no JSON:\n' + log.slice(-3000));
-  return JSON.parse(log.slice(at + 1));
-}
-
 await runTest('tab_ring_browser_test', async () => {
   requireChromium(E.chromium);
   const { chromium } = await importPackage('playwright-core');
   requireFile(E.bin, 'the daisychain binary', 'build it first (cmake --build build), or set DAISY_BIN_DIR');
-  const testhub = path.resolve(E.binDir, '..', '..', 'tests', 'support', 'testhub');
-  requireFile(testhub, 'the test Hub server', 'build it first (cmake --build build --target testhub)');
+  testhubPath(E);
   // The nodes sleep 30 ms a hop (the test fault hooks' DAISY_TEST_HOP_DELAY_MS), so that (c)
   // closes the tab while the turn's tokens still flow.
   const faulty = path.join(E.binDir, 'daisychain_faulty');
@@ -60,21 +47,15 @@ await runTest('tab_ring_browser_test', async () => {
     const step = (s) => console.log(`-- ${s}`);
     const stories = path.join(E.models, 'stories260K');
     // The single-device truth, and the native probe hash.
-    const truth = (n) => lastJson('\n' + cli(['generate', '--model', stories, '--prompt', PROMPT, '-n', String(n),
+    const truth = (n) => lastJson('\n' + cli(E, ['generate', '--model', stories, '--prompt', PROMPT, '-n', String(n),
       '--json'], { DAISY_HOME: path.join(tmp, 'gen') })).ids;
-    const probe = /^probe hash: ([0-9a-f]{16})$/m.exec(cli(['generate', '--model', stories, '--prompt', 'x', '-n', '1',
-      '--verbose'], { DAISY_HOME: path.join(tmp, 'gen') }));
-    check(probe, 'no probe hash from generate --verbose');
-    const native = probe[1];
+    const native = nativeProbeHash(E, { DAISY_HOME: path.join(tmp, 'gen') });
 
     step('the test Hub, serve, two nodes');
     const repos = path.join(tmp, 'repos');
     fs.cpSync(stories, path.join(repos, 'acme', 'stories'), { recursive: true });
-    const hubPort = await freePort();
-    const hub = `http://127.0.0.1:${hubPort}`;
-    procs.start('testhub', testhub, ['--root', repos, '--port', String(hubPort)]);
-    await waitFor('the test Hub', async () => (await fetch(`${hub}/acme/stories/resolve/main/config.json`)).ok,
-      { procs });
+    const hub = await startTestHub(procs, E, repos, [],
+      { probe: '/acme/stories/resolve/main/config.json', status: 200 });
 
     const home = (name) => {
       const d = path.join(tmp, 'home-' + name);
@@ -82,32 +63,24 @@ await runTest('tab_ring_browser_test', async () => {
       return { DAISY_HOME: d, HF_ENDPOINT: hub };
     };
     // The native devices' keys, made first, so serve approves them by fingerprint.
-    const fpr = (name, role) => /([0-9a-f]{4}(-[0-9a-f]{4}){3})/.exec(cli(['id', '--role', role], home(name)))[1];
+    const fpr = (name, role) => /([0-9a-f]{4}(-[0-9a-f]{4}){3})/.exec(cli(E, ['id', '--role', role], home(name)))[1];
     const approve = [fpr('head', 'head'), fpr('node-1', 'node'), fpr('node-2', 'node')]
       .flatMap((f) => ['--approve', f]);
     const port = await freePort();
-    const base = `http://127.0.0.1:${port}`;
     const room = 'tabs' + port;
-    const secretFile = path.join(tmp, 'admin-secret');
-    procs.start('serve', E.bin, ['serve', '--port', String(port), '--room', room, '--name', 'host', '--no-compute',
-      '--admin-secret-file', secretFile, ...approve], home('serve'));
-    const secret = await waitForServe(base, procs, secretFile);
-    const join = `127.0.0.1:${port}`;
+    const { base, secret, join } = await startServe(procs, E, tmp, { port, env: home('serve'),
+      args: ['--room', room, '--name', 'host', '--no-compute', ...approve] });
     for (const n of ['node-1', 'node-2'])
       procs.start(n, faulty, ['node', '--join', join, '--room', room, '--name', n],
         { ...home(n), DAISY_TEST_HOP_DELAY_MS: '30' });
-    const nodes = await waitFor('both nodes in the room', async () => {
-      const s = await getJSON(`${base}/api/state`, secret);
-      const got = s.devices.filter((d) => d.name.startsWith('node-') && d.status !== 'pending' && d.status !== 'gone');
+    const nodes = await waitForDevices(base, secret, 'both nodes in the room', (ds) => {
+      const got = ds.filter((d) => d.name.startsWith('node-') && inRoom(d));
       return got.length === 2 ? got : null;
     }, { procs, timeoutMs: 60000 });
     const key = await getJSON(`${base}/api/key`);
     check(key.hub_endpoint === hub, `serve tells tabs the Hub ${key.hub_endpoint}, not ${hub}`);
 
-    browser = await chromium.launch({
-      executablePath: E.chromium,
-      args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage'],
-    });
+    browser = await launchChromium(chromium, E);
 
     // A page of the join page in `ctx`, joined (approved by the host's admin API) and linked,
     // its ring member in the room; `secretKey` (optional) is the key pair it starts with.
@@ -123,17 +96,13 @@ await runTest('tab_ring_browser_test', async () => {
       const id = await page.locator('#my-fpr').getAttribute('data-id');
       await page.fill('#name-input', name);
       await page.click('#join-btn');
-      await waitFor(`${name} pending on serve`, async () => {
-        const s = await getJSON(`${base}/api/state`, secret);
-        return s.devices.find((d) => d.id === id && d.status === 'pending');
-      }, { procs });
+      await waitForDevices(base, secret, `${name} pending on serve`,
+        (ds) => ds.find((d) => d.id === id && d.status === 'pending'), { procs });
       const r = await postJSON(`${base}/api/approve`, { id }, secret);
       check(r.status === 200, `POST /api/approve: HTTP ${r.status} ${r.text}`);
       await page.locator('#join-status[data-state="approved"]').waitFor();
-      await waitFor(`${name}'s ring member in the room`, async () => {
-        const s = await getJSON(`${base}/api/state`, secret);
-        return s.devices.find((d) => d.id === id && d.status !== 'pending' && d.status !== 'gone');
-      }, { procs, timeoutMs: 60000 });
+      await waitForDevices(base, secret, `${name}'s ring member in the room`,
+        (ds) => ds.find((d) => d.id === id && inRoom(d)), { procs, timeoutMs: 60000 });
       return { page, id };
     }
 
@@ -142,9 +111,7 @@ await runTest('tab_ring_browser_test', async () => {
         '--model', 'acme/stories', '--prompt', PROMPT, '-n', String(n), ...extra], home('head'));
     }
     async function headResult(p, timeoutMs = 120000) {
-      await waitFor(`${p.name} to end`, () => p.exited, { timeoutMs });
-      const log = procs.log(p.name);
-      procs.list.splice(procs.list.indexOf(p), 1);  // ended as it should: no longer watched
+      const log = await ended(procs, p, timeoutMs);
       check(p.code === 0, `${p.name} exited with ${p.code}:\n${log.slice(-4000)}`);
       const j = lastJson(log);
       console.log(`   ${p.name}: ${j.ids.length} tokens, verified ${j.verified}, replays ${j.replays}, plan ` +
@@ -187,11 +154,8 @@ await runTest('tab_ring_browser_test', async () => {
     await a.page.screenshot({ path: path.join(E.artifacts, 'tab-ring-desktop.png'), fullPage: true });
     step('the desktop tab leaves');
     await desk.close();
-    await waitFor('the desktop tab gone from the room', async () => {
-      const s = await getJSON(`${base}/api/state`, secret);
-      const d = s.devices.find((x) => x.id === a.id);
-      return !d || d.status === 'gone' || d.status === 'pending';
-    }, { procs });
+    await waitForDevices(base, secret, 'the desktop tab gone from the room',
+      (ds) => !inRoom(ds.find((x) => x.id === a.id)), { procs });
 
     // ---------- (b) a phone tab holding the last stage ----------
     step('(b) a 360 px tab whose id sorts after the nodes\': the plan puts it last');
@@ -259,14 +223,6 @@ await runTest('tab_ring_browser_test', async () => {
     check(pageErrors.length === 0, 'the pages threw:\n' + pageErrors.join('\n'));
     ok = true;
   } finally {
-    if (browser) await browser.close().catch(() => {});
-    await procs.stopAll();
-    if (!ok) {
-      for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
-      if (pageErrors.length) console.error('---- page errors ----\n' + pageErrors.join('\n'));
-      console.error(`logs kept in ${tmp}`);
-    } else {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
+    await finish({ browser, procs, tmp, ok, pageErrors });
   }
 }, { watchdogS: 400 });
