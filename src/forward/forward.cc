@@ -373,6 +373,43 @@ void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* ac
   }
 }
 
+// body(i) for every row i in [0, n). A prefill's rows run in tasks of kRowsPerTask across
+// the kernels' pool (the norms, RoPE and the cache's quantization were serial work while the
+// other threads waited); a decode step's few rows stay on the caller, where waking the pool
+// costs more than it saves. Every row's bits are the same on any thread; a failure is that
+// of the first failing row in row order, so its message does not depend on the threads.
+template <typename Body>
+Status ForRows(int n, Body& body) {
+  constexpr int kRowsPerTask = 16;
+  if (n < 2 * kRowsPerTask || kernels::Threads() <= 1) {
+    for (int i = 0; i < n; ++i) DAISY_RETURN_IF_ERROR(body(i));
+    return Status::Ok();
+  }
+  const int tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
+  std::vector<Status> results(static_cast<size_t>(tasks), Status::Ok());
+  struct Ctx {
+    Body* body;
+    int n;
+    std::vector<Status>* results;
+  } ctx{&body, n, &results};
+  kernels::ParallelFor(
+      tasks,
+      [](void* c, int t) {
+        const Ctx& k = *static_cast<const Ctx*>(c);
+        const int end = std::min(k.n, (t + 1) * kRowsPerTask);
+        for (int i = t * kRowsPerTask; i < end; ++i) {
+          Status st = (*k.body)(i);
+          if (!st.ok()) {
+            (*k.results)[static_cast<size_t>(t)] = std::move(st);
+            return;
+          }
+        }
+      },
+      &ctx);
+  for (Status& st : results) DAISY_RETURN_IF_ERROR(std::move(st));
+  return Status::Ok();
+}
+
 // One transformer block over the batch, in place.
 Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, const std::vector<float>& cos,
                 const std::vector<float>& sin) {
@@ -394,32 +431,37 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   att.resize(static_cast<size_t>(n) * q_dim);
   o.resize(static_cast<size_t>(n) * dim);
 
+  // The rows below may run on any of the pool's threads, and a lambda does not capture a
+  // thread_local (each thread would see its own, empty, scratch): they use these pointers.
+  float* const xb_rows = xb.data();
+  float* const qkv_rows = qkv.data();
   // attention norm
-  for (int i = 0; i < n; ++i)
-    Norm(s, x + static_cast<size_t>(i) * dim, lw.attn_norm, lw.attn_norm_bias, &xb[static_cast<size_t>(i) * dim]);
+  auto attn_norm = [&](int i) {
+    Norm(s, x + static_cast<size_t>(i) * dim, lw.attn_norm, lw.attn_norm_bias, xb_rows + static_cast<size_t>(i) * dim);
+    return Status::Ok();
+  };
+  DAISY_RETURN_IF_ERROR(ForRows(n, attn_norm));
   // q, k, v projections (one product)
   if (!Product(xb.data(), n, lw.qkv, qkv.data())) return NonFiniteInput("attention input", xb.data(), dim, l, pos);
-  // RoPE on q and k
-  if (!s.learned_positions) {
-    for (int i = 0; i < n; ++i) {
-      float* row = &qkv[static_cast<size_t>(i) * qkv_dim];
+  // RoPE on q and k, then k and v enter the cache, per (position, kv head): k as two int8
+  // terms (the second quantizes the first's residual, computed in f32 element by element), v
+  // as one (two in a narrow model), transposed. Rows write disjoint cache slots.
+  const bool v_two_terms = !cache.vt_res.empty();
+  auto rope_and_cache = [&](int i) -> Status {
+    float* row = qkv_rows + static_cast<size_t>(i) * qkv_dim;
+    if (!s.learned_positions) {
       const float* c = &cos[static_cast<size_t>(i) * half];
       const float* sn = &sin[static_cast<size_t>(i) * half];
       for (int hh = 0; hh < s.n_heads + s.n_kv_heads; ++hh) ops::Rope(row + hh * hd, hd, c, sn);
     }
-  }
-  // k and v enter the cache, per (position, kv head): k as two int8 terms (the second
-  // quantizes the first's residual, computed in f32 element by element), v as one (two in a
-  // narrow model), transposed
-  const bool v_two_terms = !cache.vt_res.empty();
-  thread_local std::vector<int8_t> vq, vq_res;
-  thread_local std::vector<float> kr;
-  vq.resize(static_cast<size_t>(hd));
-  vq_res.resize(static_cast<size_t>(hd));
-  kr.resize(static_cast<size_t>(hd));
-  for (int i = 0; i < n; ++i) {
+    // Scratch per thread (rows may run on any of the pool's threads).
+    thread_local std::vector<int8_t> vq, vq_res;
+    thread_local std::vector<float> kr;
+    vq.resize(static_cast<size_t>(hd));
+    vq_res.resize(static_cast<size_t>(hd));
+    kr.resize(static_cast<size_t>(hd));
     const int p = pos[static_cast<size_t>(i)];
-    const float* krow = &qkv[static_cast<size_t>(i) * qkv_dim + q_dim];
+    const float* krow = row + q_dim;
     const float* vrow = krow + kv_dim;
     for (int g = 0; g < s.n_kv_heads; ++g) {
       const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
@@ -437,7 +479,9 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
         if (v_two_terms) cache.vt_res[at] = vq_res[static_cast<size_t>(d)];
       }
     }
-  }
+    return Status::Ok();
+  };
+  DAISY_RETURN_IF_ERROR(ForRows(n, rope_and_cache));
   // attention (causal; sliding window where the layer has one)
   DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   // output projection
@@ -445,8 +489,11 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // residual
   for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
   // MLP norm
-  for (int i = 0; i < n; ++i)
-    Norm(s, x + static_cast<size_t>(i) * dim, lw.mlp_norm, lw.mlp_norm_bias, &xb[static_cast<size_t>(i) * dim]);
+  auto mlp_norm = [&](int i) {
+    Norm(s, x + static_cast<size_t>(i) * dim, lw.mlp_norm, lw.mlp_norm_bias, xb_rows + static_cast<size_t>(i) * dim);
+    return Status::Ok();
+  };
+  DAISY_RETURN_IF_ERROR(ForRows(n, mlp_norm));
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
   hb.resize(static_cast<size_t>(n) * gu);
