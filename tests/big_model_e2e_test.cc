@@ -166,7 +166,7 @@ TEST_F(BigModelTest, StageByStageVerifyStillCatchesALyingStage) {
 }
 
 TEST_F(BigModelTest, BudgetsTooSmallForAnyPlanAreRefusedBeforeAnyDownload) {
-  StartRing("105M");
+  StartRing("109M");
   hub_->ResetCounters();
   auto [rc, j] = Run("110M");
   EXPECT_NE(rc, 0) << run_log_;

@@ -19,7 +19,13 @@ namespace {
 
 // Prompt positions per prefill chunk on a ring: small enough that the stages overlap well,
 // large enough that each chunk's products run as GEMMs (bench/ring_bench.sh measures it).
-constexpr int kRingPrefillChunk = 16;
+// The pipelined prefill's chunk: about four chunks per stage in flight keeps the pipeline's
+// fill and drain short, and a chunk of up to 64 rows streams each stage's weights a quarter
+// as often as 16 (bench/ring_bench.sh measures it: PREFILL_CHUNK).
+int RingPrefillChunk(int positions, int in_flight) {
+  const int per = (positions + 4 * in_flight - 1) / (4 * in_flight);
+  return std::clamp(per, 16, 64);
+}
 
 // XXH64, not BLAKE2b: the tag guards against accidents (a stage's cache from another
 // conversation); it is not evidence, which Verify's BLAKE2b step digests are.
@@ -370,12 +376,13 @@ Status HeadSession::Impl::RunLaps(TurnState& t, GenerateOptions gen) {
   const auto& stages = t.plan.stages;
   const TurnRequest& r = t.request;
   HeadReport& report = t.report;
-  // Pipelined prefill: chunks of kRingPrefillChunk positions, one per stage in the rest of
-  // the ring plus one on its way, so every stage works on its own chunk while the head
-  // embeds and runs the next; each stage still sees the chunks in position order.
+  // Pipelined prefill: chunks (RingPrefillChunk), one per stage in the rest of the ring plus
+  // one on its way, so every stage works on its own chunk while the head embeds and runs
+  // the next; each stage still sees the chunks in position order.
   if (stages.size() > 1) {
-    if (gen.prefill_chunk == 0) gen.prefill_chunk = kRingPrefillChunk;
     gen.prefill_in_flight = static_cast<int>(stages.size());
+    if (gen.prefill_chunk == 0)
+      gen.prefill_chunk = RingPrefillChunk(static_cast<int>(report.prompt_ids.size()) - t.keep, gen.prefill_in_flight);
   }
   // A lap is given up only when it takes far longer than the plan predicts for the
   // positions in flight, and never sooner than the floor.

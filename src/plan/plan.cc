@@ -45,9 +45,10 @@ PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx, int embed_bytes_per_val
   m.head_bytes = static_cast<uint64_t>(embed_bytes_per_value) * vocab * hidden + MatrixBytes(vocab, hidden, terms) +
                  8 * hidden + 4 * 4 * vocab +
                  (s.learned_positions ? 4 * static_cast<uint64_t>(s.max_positions) * hidden : 0);
-  // Activations of two prefill chunks of 16 positions in flight, with their attention
-  // scores over the whole context and the MLP's intermediate rows, a few copies each.
-  constexpr uint64_t kPositions = 32;
+  // Activations of the prefill chunk a stage computes (up to 64 positions: head/turn.cc
+  // RingPrefillChunk), with its attention scores over the whole context and the MLP's
+  // intermediate rows, a few copies each; the chunks waiting for it are only hidden states.
+  constexpr uint64_t kPositions = 64;
   m.working_bytes = kProcessBytes + 4 * kPositions * 4 * (4 * hidden + q + 2 * kv + 3 * inter) +
                     4 * kPositions * static_cast<uint64_t>(s.n_heads) * static_cast<uint64_t>(ctx);
   const double macs = static_cast<double>((q + 2 * kv) * hidden + hidden * q + (s.gated_mlp ? 3 : 2) * inter * hidden);
