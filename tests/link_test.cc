@@ -223,7 +223,7 @@ TEST_F(LinkTest, AnUnapprovedKeyIsRefusedUntilTheHostApprovesIt) {
   ASSERT_TRUE(link.ok()) << link.status().message();
   const Status st = (*link)->Handshake(k, rv_->public_key());
   EXPECT_FALSE(st.ok());
-  EXPECT_EQ((*link)->close_code(), 4003) << st.message();
+  EXPECT_EQ((*link)->close_code(), net::LinkCloseCode(net::LinkClose::kNotApproved)) << st.message();
   EXPECT_NE((*link)->close_reason().find(net::Fingerprint(k.public_key)), std::string::npos) << (*link)->close_reason();
 
   auto asked = rv_->RequestJoin({kRoom, k.public_key, "tab", "127.0.0.1"});
@@ -303,7 +303,7 @@ TEST_F(LinkTest, AWrongChallengeOrABoxThatDoesNotOpenEndsTheHandshake) {
     auto link = LinkClient::Open("127.0.0.1", port(), o);
     ASSERT_TRUE(link.ok()) << link.status().message();
     EXPECT_FALSE((*link)->Handshake(k, rv_->public_key()).ok());
-    EXPECT_EQ((*link)->close_code(), 4001)
+    EXPECT_EQ((*link)->close_code(), net::LinkCloseCode(net::LinkClose::kBadHandshake))
         << (fault == 0 ? "wrong challenge: " : "flipped box: ") << (*link)->close_reason();
   }
   EXPECT_TRUE(Link(k) != nullptr) << "the key itself is fine";
@@ -321,7 +321,8 @@ TEST_F(LinkTest, ATamperedOrReplayedEnvelopeOrATextMessageClosesTheLink) {
     ASSERT_TRUE(bytes.ok());
     (*bytes)[bytes->size() - 3] ^= 0x01;  // inside the box
     ASSERT_TRUE(link->SendRaw(*bytes).ok());
-    EXPECT_EQ(AwaitClose(*link), 4002) << "tampered: " << link->close_reason();
+    EXPECT_EQ(AwaitClose(*link), net::LinkCloseCode(net::LinkClose::kRefusedEnvelope))
+        << "tampered: " << link->close_reason();
   }
   {
     auto link = Link(k);
@@ -329,7 +330,8 @@ TEST_F(LinkTest, ATamperedOrReplayedEnvelopeOrATextMessageClosesTheLink) {
     ASSERT_TRUE(link->Send(wire::Message(wire::Heartbeat{1, link->id()})).ok());
     const std::vector<uint8_t> again = link->last_sent();
     ASSERT_TRUE(link->SendRaw(again).ok());
-    EXPECT_EQ(AwaitClose(*link), 4002) << "replayed: " << link->close_reason();
+    EXPECT_EQ(AwaitClose(*link), net::LinkCloseCode(net::LinkClose::kRefusedEnvelope))
+        << "replayed: " << link->close_reason();
     EXPECT_NE(link->close_reason().find("replay"), std::string::npos) << link->close_reason();
   }
   {
@@ -342,14 +344,15 @@ TEST_F(LinkTest, ATamperedOrReplayedEnvelopeOrATextMessageClosesTheLink) {
     ASSERT_TRUE((*link)->SendRaw(std::vector<uint8_t>(2000, 0)).ok());
     Status st;
     for (int i = 0; i < 100 && st.ok(); ++i) st = (*link)->ReceiveRaw(100).status();
-    EXPECT_EQ((*link)->close_code(), 1009) << st.message();
+    EXPECT_EQ((*link)->close_code(), net::LinkCloseCode(net::LinkClose::kTooBig)) << st.message();
   }
   {
     auto link = Link(k);
     ASSERT_NE(link, nullptr);
     const std::string text = "hello";
     ASSERT_TRUE(link->SendRaw(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()), true).ok());
-    EXPECT_EQ(AwaitClose(*link), 1003) << "text: " << link->close_reason();
+    EXPECT_EQ(AwaitClose(*link), net::LinkCloseCode(net::LinkClose::kUnsupportedData))
+        << "text: " << link->close_reason();
   }
 }
 
@@ -395,7 +398,7 @@ TEST_F(LinkTest, TheLinkIsTheMembersHeartbeatAndItsEndDropsTheMember) {
   EXPECT_GT(link->pings_seen(), 0);
 
   link->set_answer_pings(false);
-  EXPECT_EQ(AwaitClose(*link), 4008) << link->close_reason();
+  EXPECT_EQ(AwaitClose(*link), net::LinkCloseCode(net::LinkClose::kTooSlow)) << link->close_reason();
   EXPECT_TRUE(AwaitGone(link->id()));
   EXPECT_TRUE(AwaitMemberSees(member, 1)) << "the member's list still holds the silent tab";
 
@@ -420,7 +423,7 @@ TEST_F(LinkTest, ANewerLinkReplacesTheOlderAndLinksAreBounded) {
   JoinAndAwait(*first, 1);
   auto second = Link(k);
   ASSERT_NE(second, nullptr);
-  EXPECT_EQ(AwaitClose(*first), 4004) << first->close_reason();
+  EXPECT_EQ(AwaitClose(*first), net::LinkCloseCode(net::LinkClose::kReplaced)) << first->close_reason();
   ASSERT_TRUE(AwaitPeers(*second, 1, second->id())) << "the newer link gets the room's list again";
   EXPECT_TRUE(IsMember(second->id())) << "replacing a link is not leaving";
 
@@ -432,7 +435,7 @@ TEST_F(LinkTest, ANewerLinkReplacesTheOlderAndLinksAreBounded) {
   auto third = LinkClient::Open("127.0.0.1", port());
   ASSERT_TRUE(third.ok()) << third.status().message();
   EXPECT_FALSE((*third)->Handshake(ApprovedTab(), rv_->public_key()).ok());
-  EXPECT_EQ((*third)->close_code(), 1013);
+  EXPECT_EQ((*third)->close_code(), net::LinkCloseCode(net::LinkClose::kTryLater));
   EXPECT_NE((*third)->close_reason().find("2 links"), std::string::npos) << (*third)->close_reason();
 }
 

@@ -196,14 +196,14 @@ bool Link::Flush() {
 }
 
 void Link::CloseWith(LinkClose code, const std::string& reason, const std::string& detail) {
-  why_ = "closed it with " + std::to_string(static_cast<int>(code)) + " (" + reason +
+  why_ = "closed it with " + std::to_string(LinkCloseCode(code)) + " (" + reason +
          (detail.empty() ? "" : ": " + detail) + ")";
   // A frame half sent must be finished; nothing after it matters any more.
   if (out_at_ > 0)
     out_.resize(1);
   else
     out_.clear();
-  Queue(ws::Opcode::kClose, ws::ClosePayload(static_cast<uint16_t>(code), reason));
+  Queue(ws::Opcode::kClose, ws::ClosePayload(LinkCloseCode(code), reason));
   const auto end = Clock::now() + Seconds(kCloseGraceS);
   while (!out_.empty() && Clock::now() < end) {
     if (!Flush()) return;
