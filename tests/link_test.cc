@@ -5,51 +5,28 @@
 // exchanging boxed envelopes through the relay (which sees only ciphertext), liveness.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "daisy/net.h"
 #include "daisy/ring.h"
 #include "link_client.h"
+#include "relay_fixture.h"
 
 namespace daisy {
 namespace {
 
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using testlink::LinkClient;
 using testlink::LinkClientOptions;
+using testrelay::ActivationOf;
+using testrelay::Holds;
+using testrelay::Payload;
 
 constexpr const char* kRoom = "tabs";
-
-// A payload no ciphertext will contain by chance: 64 floats of a fixed pattern.
-std::vector<float> Payload(float base) {
-  std::vector<float> v(64);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = base + 0.015625f * static_cast<float>(i);
-  return v;
-}
-
-wire::Activation ActivationOf(std::vector<float> values) {
-  wire::Activation a;
-  a.seq = 3;
-  a.token_index = 5;
-  a.next = 1;
-  a.model_hash = 0x12345678u;
-  a.values = std::move(values);
-  a.act_hash = wire::ActHash(a.values);
-  return a;
-}
-
-bool Holds(const std::vector<uint8_t>& hay, const uint8_t* needle, size_t n) {
-  return std::search(hay.begin(), hay.end(), needle, needle + n) != hay.end();
-}
 
 wire::Join TabJoin(const std::string& id) {
   wire::Join j;
@@ -63,50 +40,25 @@ wire::Join TabJoin(const std::string& id) {
   return j;
 }
 
-class LinkTest : public ::testing::Test {
+class LinkTest : public testrelay::RelayFixture {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/daisy_link_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    home_ = tmpl;
-    ::setenv("DAISY_HOME", home_.c_str(), 1);
+    RelayFixture::SetUp();
     http_.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content("the UI", "text/plain"); });
     http_port_ = http_.bind_to_any_port("127.0.0.1");
     http_thread_ = std::thread([this] { http_.listen_after_bind(); });
     for (int i = 0; i < 400 && !http_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   void TearDown() override {
-    members_.clear();
-    mux_.reset();
-    rv_.reset();
+    RelayFixture::TearDown();
     http_.stop();
     http_thread_.join();
-    ::unsetenv("DAISY_HOME");
-    std::error_code ec;
-    fs::remove_all(home_, ec);
   }
   // The rendezvous (links on, nothing approved unless asked) and the mux in front of it.
   void Start(const std::function<void(net::RendezvousOptions&)>& tweak = {}) {
-    net::RendezvousOptions ro;
-    ro.port = 0;
-    ro.relay_observer = [this](std::span<const uint8_t> frame) {
-      std::lock_guard<std::mutex> lock(mu_);
-      seen_.emplace_back(frame.begin(), frame.end());
-    };
-    if (tweak) tweak(ro);
-    auto rv = net::Rendezvous::Start(ro);
-    ASSERT_TRUE(rv.ok()) << rv.status().message();
-    rv_ = std::move(*rv);
+    StartRendezvous(tweak);
     ASSERT_GT(rv_->link_port(), 0);
-    net::PortMuxOptions mo;
-    mo.port = 0;
-    mo.zmq_port = std::stoi(rv_->address().substr(rv_->address().rfind(':') + 1));
-    mo.http_port = http_port_;
-    mo.relay_port = rv_->relay_port();
-    mo.link_port = rv_->link_port();
-    auto mux = net::PortMux::Start(mo);
-    ASSERT_TRUE(mux.ok()) << mux.status().message();
-    mux_ = std::move(*mux);
+    StartMux(rv_->relay_port(), rv_->link_port(), http_port_);
   }
   int port() const { return mux_->port(); }
   // A tab's key pair, approved for kRoom as the host would (a request, then Approve).
@@ -118,7 +70,7 @@ class LinkTest : public ::testing::Test {
     return k;
   }
   std::unique_ptr<LinkClient> Link(const net::KeyPair& k, LinkClientOptions o = {}) {
-    auto c = LinkClient::Connect("127.0.0.1", port(), k, rv_->public_key(), o);
+    auto c = LinkClient::Connect("127.0.0.1", port(), k, rv_->public_key(), std::move(o));
     EXPECT_TRUE(c.ok()) << c.status().message();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -141,20 +93,11 @@ class LinkTest : public ::testing::Test {
     return false;
   }
   RoomMember& AddMember() {
-    RoomMember::Options o;
-    o.role = "link-member";
+    RoomMember::Options o = MemberOptions("link-member");
     o.name = "member";
     o.log_name = "member";
     o.room = kRoom;
-    o.rendezvous = "tcp://127.0.0.1:" + std::to_string(port());
-    o.admission = rv_->LocalAdmission(/*trusted=*/true);
-    o.capabilities = wire::kCapCompute;
-    o.budget = 1ull << 30;
-    auto m = RoomMember::Create(o);
-    EXPECT_TRUE(m.ok()) << m.status().message();
-    EXPECT_TRUE((*m)->Admit().ok());
-    members_.push_back(std::move(*m));
-    return *members_.back();
+    return Add(o);
   }
   // Receives on `m` until its list has `n` members (bounded).
   static bool AwaitMemberSees(RoomMember& m, size_t n) {
@@ -164,17 +107,6 @@ class LinkTest : public ::testing::Test {
       if (m.Peers().size() == n) return true;
     }
     return false;
-  }
-  // The next frame `m` accepts within `ms` (peer lists skipped).
-  static std::optional<Incoming> Next(RoomMember& m, int ms) {
-    const auto end = Clock::now() + std::chrono::milliseconds(ms);
-    while (Clock::now() < end) {
-      auto in = m.Receive(50, 0, [](const std::string&) { return true; });
-      if (!in.ok() || !in->has_value()) continue;
-      if ((*in)->message.ok() && std::holds_alternative<wire::Peers>(*(*in)->message)) continue;
-      return std::move(**in);
-    }
-    return std::nullopt;
   }
   // Reads `link` until serve closes it (bounded); the close code, 0 if it never came.
   static int AwaitClose(LinkClient& link, int seconds = 15) {
@@ -198,20 +130,10 @@ class LinkTest : public ::testing::Test {
     }
     return false;
   }
-  std::vector<std::vector<uint8_t>> Seen() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return seen_;
-  }
 
-  fs::path home_;
   httplib::Server http_;
   int http_port_ = 0;
   std::thread http_thread_;
-  std::unique_ptr<net::Rendezvous> rv_;
-  std::unique_ptr<net::PortMux> mux_;
-  std::vector<std::unique_ptr<RoomMember>> members_;
-  std::mutex mu_;
-  std::vector<std::vector<uint8_t>> seen_;
 };
 
 // A key nobody approved proves itself and is told 4003; once the host approves it (as for a
