@@ -15,7 +15,6 @@ namespace daisy {
 namespace {
 
 using testrelay::ActivationOf;
-using testrelay::Holds;
 using testrelay::Payload;
 
 class RelayTest : public testrelay::RelayFixture {
@@ -77,13 +76,7 @@ TEST_F(RelayTest, TheRelaySeesOnlyCiphertextAndBothEndsGetTheExactBits) {
   const auto seen = Seen();
   ASSERT_GE(seen.size(), 2u) << "the relay forwarded nothing: the frames did not go through it";
   EXPECT_GE(rv_->relayed_frames(), 2);
-  for (const auto* payload : {&down, &up}) {
-    const auto* bytes = reinterpret_cast<const uint8_t*>(payload->data());
-    for (size_t at = 0; at + 16 <= payload->size() * 4; at += 16)
-      for (const auto& frame : seen)
-        EXPECT_FALSE(Holds(frame, bytes + at, 16))
-            << "payload bytes [" << at << ", " << at + 16 << ") are in a frame the relay saw";
-  }
+  for (const auto* payload : {&down, &up}) testrelay::ExpectInNoFrame(seen, *payload, /*stride=*/16);
 }
 
 // The relay forwards an envelope only from the member its `from` names, only to a member of

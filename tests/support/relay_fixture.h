@@ -45,6 +45,17 @@ inline bool Holds(const std::vector<uint8_t>& hay, const uint8_t* needle, size_t
   return std::search(hay.begin(), hay.end(), needle, needle + n) != hay.end();
 }
 
+// Fails for each 16-byte window of `payload` (one starting every `stride` bytes) that stands
+// in one of `frames` (what the relay forwarded): it must see only ciphertext.
+inline void ExpectInNoFrame(const std::vector<std::vector<uint8_t>>& frames, const std::vector<float>& payload,
+                            size_t stride) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(payload.data());
+  for (size_t at = 0; at + 16 <= payload.size() * 4; at += stride)
+    for (const auto& frame : frames)
+      EXPECT_FALSE(Holds(frame, bytes + at, 16))
+          << "payload bytes [" << at << ", " << at + 16 << ") are in a frame the relay saw";
+}
+
 class RelayFixture : public ::testing::Test {
  protected:
   using Clock = std::chrono::steady_clock;
