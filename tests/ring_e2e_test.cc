@@ -284,6 +284,10 @@ TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   EXPECT_EQ(j["replays"], 1) << log;
   EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
   EXPECT_EQ(j["plan"].size(), 3u);  // the spare node took the dead one's place
+  // A fault, not an audit's verdict: the replay first lets the room drop the dead member
+  // (audit_test's AReplayAfterAVerdictWaitsForNoOne is the other side).
+  EXPECT_NE(log.find("for the room to drop members that died"), std::string::npos) << log;
+  EXPECT_EQ(log.find("no wait for the room"), std::string::npos) << log;
 }
 
 TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNextPrompt) {
