@@ -46,7 +46,7 @@ TEST(LinkE2E, ATabIsApprovedLikeANodeAndLinksThroughServesOnePort) {
     auto link = LinkClient::Open("127.0.0.1", port);
     ASSERT_TRUE(link.ok()) << link.status().message();
     EXPECT_FALSE((*link)->Handshake(tab, server_key).ok());
-    EXPECT_EQ((*link)->close_code(), 4003) << (*link)->close_reason();
+    EXPECT_EQ((*link)->close_code(), net::LinkCloseCode(net::LinkClose::kNotApproved)) << (*link)->close_reason();
   }
   // The page asks to join, as a native node does, and the host approves the fingerprint.
   auto asked =

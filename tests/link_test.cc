@@ -5,51 +5,27 @@
 // exchanging boxed envelopes through the relay (which sees only ciphertext), liveness.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "daisy/net.h"
 #include "daisy/ring.h"
 #include "link_client.h"
+#include "relay_fixture.h"
 
 namespace daisy {
 namespace {
 
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using testlink::LinkClient;
 using testlink::LinkClientOptions;
+using testrelay::ActivationOf;
+using testrelay::Payload;
 
 constexpr const char* kRoom = "tabs";
-
-// A payload no ciphertext will contain by chance: 64 floats of a fixed pattern.
-std::vector<float> Payload(float base) {
-  std::vector<float> v(64);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = base + 0.015625f * static_cast<float>(i);
-  return v;
-}
-
-wire::Activation ActivationOf(std::vector<float> values) {
-  wire::Activation a;
-  a.seq = 3;
-  a.token_index = 5;
-  a.next = 1;
-  a.model_hash = 0x12345678u;
-  a.values = std::move(values);
-  a.act_hash = wire::ActHash(a.values);
-  return a;
-}
-
-bool Holds(const std::vector<uint8_t>& hay, const uint8_t* needle, size_t n) {
-  return std::search(hay.begin(), hay.end(), needle, needle + n) != hay.end();
-}
 
 wire::Join TabJoin(const std::string& id) {
   wire::Join j;
@@ -63,50 +39,25 @@ wire::Join TabJoin(const std::string& id) {
   return j;
 }
 
-class LinkTest : public ::testing::Test {
+class LinkTest : public testrelay::RelayFixture {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/daisy_link_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    home_ = tmpl;
-    ::setenv("DAISY_HOME", home_.c_str(), 1);
+    RelayFixture::SetUp();
     http_.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content("the UI", "text/plain"); });
     http_port_ = http_.bind_to_any_port("127.0.0.1");
     http_thread_ = std::thread([this] { http_.listen_after_bind(); });
     for (int i = 0; i < 400 && !http_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   void TearDown() override {
-    members_.clear();
-    mux_.reset();
-    rv_.reset();
+    RelayFixture::TearDown();
     http_.stop();
     http_thread_.join();
-    ::unsetenv("DAISY_HOME");
-    std::error_code ec;
-    fs::remove_all(home_, ec);
   }
   // The rendezvous (links on, nothing approved unless asked) and the mux in front of it.
   void Start(const std::function<void(net::RendezvousOptions&)>& tweak = {}) {
-    net::RendezvousOptions ro;
-    ro.port = 0;
-    ro.relay_observer = [this](std::span<const uint8_t> frame) {
-      std::lock_guard<std::mutex> lock(mu_);
-      seen_.emplace_back(frame.begin(), frame.end());
-    };
-    if (tweak) tweak(ro);
-    auto rv = net::Rendezvous::Start(ro);
-    ASSERT_TRUE(rv.ok()) << rv.status().message();
-    rv_ = std::move(*rv);
+    StartRendezvous(tweak);
     ASSERT_GT(rv_->link_port(), 0);
-    net::PortMuxOptions mo;
-    mo.port = 0;
-    mo.zmq_port = std::stoi(rv_->address().substr(rv_->address().rfind(':') + 1));
-    mo.http_port = http_port_;
-    mo.relay_port = rv_->relay_port();
-    mo.link_port = rv_->link_port();
-    auto mux = net::PortMux::Start(mo);
-    ASSERT_TRUE(mux.ok()) << mux.status().message();
-    mux_ = std::move(*mux);
+    StartMux(rv_->relay_port(), rv_->link_port(), http_port_);
   }
   int port() const { return mux_->port(); }
   // A tab's key pair, approved for kRoom as the host would (a request, then Approve).
@@ -118,7 +69,7 @@ class LinkTest : public ::testing::Test {
     return k;
   }
   std::unique_ptr<LinkClient> Link(const net::KeyPair& k, LinkClientOptions o = {}) {
-    auto c = LinkClient::Connect("127.0.0.1", port(), k, rv_->public_key(), o);
+    auto c = LinkClient::Connect("127.0.0.1", port(), k, rv_->public_key(), std::move(o));
     EXPECT_TRUE(c.ok()) << c.status().message();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -141,20 +92,11 @@ class LinkTest : public ::testing::Test {
     return false;
   }
   RoomMember& AddMember() {
-    RoomMember::Options o;
-    o.role = "link-member";
+    RoomMember::Options o = MemberOptions("link-member");
     o.name = "member";
     o.log_name = "member";
     o.room = kRoom;
-    o.rendezvous = "tcp://127.0.0.1:" + std::to_string(port());
-    o.admission = rv_->LocalAdmission(/*trusted=*/true);
-    o.capabilities = wire::kCapCompute;
-    o.budget = 1ull << 30;
-    auto m = RoomMember::Create(o);
-    EXPECT_TRUE(m.ok()) << m.status().message();
-    EXPECT_TRUE((*m)->Admit().ok());
-    members_.push_back(std::move(*m));
-    return *members_.back();
+    return Add(o);
   }
   // Receives on `m` until its list has `n` members (bounded).
   static bool AwaitMemberSees(RoomMember& m, size_t n) {
@@ -164,17 +106,6 @@ class LinkTest : public ::testing::Test {
       if (m.Peers().size() == n) return true;
     }
     return false;
-  }
-  // The next frame `m` accepts within `ms` (peer lists skipped).
-  static std::optional<Incoming> Next(RoomMember& m, int ms) {
-    const auto end = Clock::now() + std::chrono::milliseconds(ms);
-    while (Clock::now() < end) {
-      auto in = m.Receive(50, 0, [](const std::string&) { return true; });
-      if (!in.ok() || !in->has_value()) continue;
-      if ((*in)->message.ok() && std::holds_alternative<wire::Peers>(*(*in)->message)) continue;
-      return std::move(**in);
-    }
-    return std::nullopt;
   }
   // Reads `link` until serve closes it (bounded); the close code, 0 if it never came.
   static int AwaitClose(LinkClient& link, int seconds = 15) {
@@ -198,20 +129,10 @@ class LinkTest : public ::testing::Test {
     }
     return false;
   }
-  std::vector<std::vector<uint8_t>> Seen() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return seen_;
-  }
 
-  fs::path home_;
   httplib::Server http_;
   int http_port_ = 0;
   std::thread http_thread_;
-  std::unique_ptr<net::Rendezvous> rv_;
-  std::unique_ptr<net::PortMux> mux_;
-  std::vector<std::unique_ptr<RoomMember>> members_;
-  std::mutex mu_;
-  std::vector<std::vector<uint8_t>> seen_;
 };
 
 // A key nobody approved proves itself and is told 4003; once the host approves it (as for a
@@ -223,7 +144,7 @@ TEST_F(LinkTest, AnUnapprovedKeyIsRefusedUntilTheHostApprovesIt) {
   ASSERT_TRUE(link.ok()) << link.status().message();
   const Status st = (*link)->Handshake(k, rv_->public_key());
   EXPECT_FALSE(st.ok());
-  EXPECT_EQ((*link)->close_code(), 4003) << st.message();
+  EXPECT_EQ((*link)->close_code(), net::LinkCloseCode(net::LinkClose::kNotApproved)) << st.message();
   EXPECT_NE((*link)->close_reason().find(net::Fingerprint(k.public_key)), std::string::npos) << (*link)->close_reason();
 
   auto asked = rv_->RequestJoin({kRoom, k.public_key, "tab", "127.0.0.1"});
@@ -272,13 +193,7 @@ TEST_F(LinkTest, ATabAndANativeMemberExchangeBoxedEnvelopesThroughTheRelay) {
   while (Seen().size() < 2 && Clock::now() < seen_by) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const auto seen = Seen();
   ASSERT_GE(seen.size(), 2u) << "the relay forwarded nothing: the frames did not go through it";
-  for (const auto* payload : {&down, &up}) {
-    const auto* bytes = reinterpret_cast<const uint8_t*>(payload->data());
-    for (size_t at = 0; at + 16 <= payload->size() * 4; at += 4)
-      for (const auto& frame : seen)
-        EXPECT_FALSE(Holds(frame, bytes + at, 16))
-            << "payload bytes [" << at << ", " << at + 16 << ") are in a frame the relay saw";
-  }
+  for (const auto* payload : {&down, &up}) testrelay::ExpectInNoFrame(seen, *payload, /*stride=*/4);
   auto back = Next(member, 5000);
   ASSERT_TRUE(back && back->message.ok()) << "the member got nothing from the tab";
   const auto peers = member.Peers();
@@ -303,7 +218,7 @@ TEST_F(LinkTest, AWrongChallengeOrABoxThatDoesNotOpenEndsTheHandshake) {
     auto link = LinkClient::Open("127.0.0.1", port(), o);
     ASSERT_TRUE(link.ok()) << link.status().message();
     EXPECT_FALSE((*link)->Handshake(k, rv_->public_key()).ok());
-    EXPECT_EQ((*link)->close_code(), 4001)
+    EXPECT_EQ((*link)->close_code(), net::LinkCloseCode(net::LinkClose::kBadHandshake))
         << (fault == 0 ? "wrong challenge: " : "flipped box: ") << (*link)->close_reason();
   }
   EXPECT_TRUE(Link(k) != nullptr) << "the key itself is fine";
@@ -321,7 +236,11 @@ TEST_F(LinkTest, ATamperedOrReplayedEnvelopeOrATextMessageClosesTheLink) {
     ASSERT_TRUE(bytes.ok());
     (*bytes)[bytes->size() - 3] ^= 0x01;  // inside the box
     ASSERT_TRUE(link->SendRaw(*bytes).ok());
-    EXPECT_EQ(AwaitClose(*link), 4002) << "tampered: " << link->close_reason();
+    EXPECT_EQ(AwaitClose(*link), net::LinkCloseCode(net::LinkClose::kRefusedEnvelope))
+        << "tampered: " << link->close_reason();
+    // The reason is PeerBoxes's own: which refusal it was.
+    EXPECT_NE(link->close_reason().find("does not open"), std::string::npos) << link->close_reason();
+    EXPECT_EQ(link->close_reason().find("replay"), std::string::npos) << link->close_reason();
   }
   {
     auto link = Link(k);
@@ -329,8 +248,9 @@ TEST_F(LinkTest, ATamperedOrReplayedEnvelopeOrATextMessageClosesTheLink) {
     ASSERT_TRUE(link->Send(wire::Message(wire::Heartbeat{1, link->id()})).ok());
     const std::vector<uint8_t> again = link->last_sent();
     ASSERT_TRUE(link->SendRaw(again).ok());
-    EXPECT_EQ(AwaitClose(*link), 4002) << "replayed: " << link->close_reason();
-    EXPECT_NE(link->close_reason().find("replay"), std::string::npos) << link->close_reason();
+    EXPECT_EQ(AwaitClose(*link), net::LinkCloseCode(net::LinkClose::kRefusedEnvelope))
+        << "replayed: " << link->close_reason();
+    EXPECT_NE(link->close_reason().find("already opened: a replay"), std::string::npos) << link->close_reason();
   }
   {
     // Before the handshake a link is anyone's: a message longer than a handshake is refused.
@@ -342,14 +262,15 @@ TEST_F(LinkTest, ATamperedOrReplayedEnvelopeOrATextMessageClosesTheLink) {
     ASSERT_TRUE((*link)->SendRaw(std::vector<uint8_t>(2000, 0)).ok());
     Status st;
     for (int i = 0; i < 100 && st.ok(); ++i) st = (*link)->ReceiveRaw(100).status();
-    EXPECT_EQ((*link)->close_code(), 1009) << st.message();
+    EXPECT_EQ((*link)->close_code(), net::LinkCloseCode(net::LinkClose::kTooBig)) << st.message();
   }
   {
     auto link = Link(k);
     ASSERT_NE(link, nullptr);
     const std::string text = "hello";
     ASSERT_TRUE(link->SendRaw(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()), true).ok());
-    EXPECT_EQ(AwaitClose(*link), 1003) << "text: " << link->close_reason();
+    EXPECT_EQ(AwaitClose(*link), net::LinkCloseCode(net::LinkClose::kUnsupportedData))
+        << "text: " << link->close_reason();
   }
 }
 
@@ -395,7 +316,7 @@ TEST_F(LinkTest, TheLinkIsTheMembersHeartbeatAndItsEndDropsTheMember) {
   EXPECT_GT(link->pings_seen(), 0);
 
   link->set_answer_pings(false);
-  EXPECT_EQ(AwaitClose(*link), 4008) << link->close_reason();
+  EXPECT_EQ(AwaitClose(*link), net::LinkCloseCode(net::LinkClose::kTooSlow)) << link->close_reason();
   EXPECT_TRUE(AwaitGone(link->id()));
   EXPECT_TRUE(AwaitMemberSees(member, 1)) << "the member's list still holds the silent tab";
 
@@ -420,7 +341,7 @@ TEST_F(LinkTest, ANewerLinkReplacesTheOlderAndLinksAreBounded) {
   JoinAndAwait(*first, 1);
   auto second = Link(k);
   ASSERT_NE(second, nullptr);
-  EXPECT_EQ(AwaitClose(*first), 4004) << first->close_reason();
+  EXPECT_EQ(AwaitClose(*first), net::LinkCloseCode(net::LinkClose::kReplaced)) << first->close_reason();
   ASSERT_TRUE(AwaitPeers(*second, 1, second->id())) << "the newer link gets the room's list again";
   EXPECT_TRUE(IsMember(second->id())) << "replacing a link is not leaving";
 
@@ -432,7 +353,7 @@ TEST_F(LinkTest, ANewerLinkReplacesTheOlderAndLinksAreBounded) {
   auto third = LinkClient::Open("127.0.0.1", port());
   ASSERT_TRUE(third.ok()) << third.status().message();
   EXPECT_FALSE((*third)->Handshake(ApprovedTab(), rv_->public_key()).ok());
-  EXPECT_EQ((*third)->close_code(), 1013);
+  EXPECT_EQ((*third)->close_code(), net::LinkCloseCode(net::LinkClose::kTryLater));
   EXPECT_NE((*third)->close_reason().find("2 links"), std::string::npos) << (*third)->close_reason();
 }
 

@@ -12,9 +12,9 @@
 
 #include "daisy/model.h"
 #include "daisy/safetensors.h"
+#include "e2e_fixture.h"
 #include "e2e_util.h"
 #include "flipping_proxy.h"
-#include "model_maker.h"
 #include "proc_util.h"
 #include "test_hub.h"
 
@@ -28,45 +28,8 @@ std::string Stories() {
   return e2e::Models() + "/stories260K";
 }
 
-class RingTest : public ::testing::Test {
+class RingTest : public e2e::RingFixture {
  protected:
-  static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/daisy_ring_models_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    models_ = tmpl;
-    modelmaker::MakeOptions o;
-    o.tokenizer_dir = Stories();
-    o.seed = 7;
-    ASSERT_TRUE(modelmaker::MakeModel(modelmaker::PresetShape("tiny-llama-30"), (models_ / "tiny30").string(), o).ok());
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(models_, ec);
-  }
-  void SetUp() override {
-    char tmpl[] = "/tmp/daisy_ring_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    tmp_ = tmpl;
-    port_ = e2e::FreePort();
-  }
-  void TearDown() override {
-    procs_.clear();
-    serve_ = Proc();
-    if (!HasFailure() && !std::getenv("DAISY_KEEP_LOGS")) {
-      std::error_code ec;
-      fs::remove_all(tmp_, ec);
-    } else {
-      std::fprintf(stderr, "logs kept in %s\n", tmp_.c_str());
-    }
-  }
-
-  std::vector<std::string> BaseEnv(const std::string& home) const {
-    std::vector<std::string> env = {"DAISY_HOME=" + (tmp_ / home).string()};
-    for (const auto& e : extra_env_) env.push_back(e);
-    return env;
-  }
-  std::string Join() const { return "127.0.0.1:" + std::to_string(port_); }
-
   // The local folders this test's models live in: devices open a local model only under a
   // folder they were given with --models-dir.
   std::vector<std::string> ModelsDirArgs() const {
@@ -77,7 +40,7 @@ class RingTest : public ::testing::Test {
                                      "--auto-approve", "--name", "serve"};
     if (!compute) args.push_back("--no-compute");
     for (const auto& a : ModelsDirArgs()) args.push_back(a);
-    serve_ = Proc::Spawn(args, BaseEnv("serve"), (tmp_ / "serve.log").string());
+    serve_ = Proc::Spawn(args, Env("serve"), (tmp_ / "serve.log").string());
   }
   // Waits until the rendezvous has admitted `n` of the nodes StartNodes started (serve logs
   // each join as "device NAME (id) joined room"; serve's own head joins too, and is not counted).
@@ -104,7 +67,7 @@ class RingTest : public ::testing::Test {
     for (const auto& x : env) faulty = faulty || x.starts_with("DAISY_TEST_");
     for (int i = 0; i < n; ++i) {
       const std::string name = "node-" + std::to_string(procs_.size() + 1);
-      auto e = BaseEnv(name);
+      auto e = Env(name);
       for (const auto& x : env) e.push_back(x);
       std::vector<std::string> args = {
           faulty ? e2e::FaultyBin() : e2e::Bin(), "node", "--join", Join(), "--name", name};
@@ -118,25 +81,10 @@ class RingTest : public ::testing::Test {
     std::vector<std::string> args = {e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head"};
     for (const auto& a : extra) args.push_back(a);
     const std::string log = (tmp_ / ("run" + std::to_string(++runs_) + ".log")).string();
-    Proc p = Proc::Spawn(args, BaseEnv("head"), log);
+    Proc p = Proc::Spawn(args, Env("head"), log);
     const int rc = p.Wait(timeout_s);
     last_run_log_ = e2e::ReadAll(log);
-    nlohmann::json j;
-    // The JSON object is the last line of the log (status lines go to stderr first).
-    const size_t brace = last_run_log_.rfind("\n{");
-    const std::string tail = brace == std::string::npos ? last_run_log_ : last_run_log_.substr(brace + 1);
-    try {
-      j = nlohmann::json::parse(tail);
-    } catch (...) {
-    }
-    return {rc, j};
-  }
-  std::vector<int> GenerateIds(const std::string& model, const std::string& prompt, int n) {
-    auto r = e2e::RunCli("DAISY_HOME=" + (tmp_ / "gen").string(),
-                         "generate --model " + model + " --prompt '" + prompt + "' -n " + std::to_string(n) + " --json",
-                         tmp_.string());
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return nlohmann::json::parse(r.out)["ids"].get<std::vector<int>>();
+    return {rc, LastJson(last_run_log_)};
   }
   void ExpectVerifiedSplit(const std::string& model, const std::vector<std::string>& split, size_t stages,
                            const std::vector<int>& want, const std::string& prompt = "Once upon a time") {
@@ -151,16 +99,9 @@ class RingTest : public ::testing::Test {
     EXPECT_GT(j["ring_hops"].get<int>(), 0);
   }
 
-  static fs::path models_;
-  fs::path tmp_;
-  int port_ = 0;
   int runs_ = 0;
-  Proc serve_;
-  std::vector<Proc> procs_;
-  std::vector<std::string> extra_env_;
   std::string last_run_log_;
 };
-fs::path RingTest::models_;
 
 TEST_F(RingTest, SplitsOverTwoThreeAndSixDevicesGiveTheSingleDeviceIds) {
   StartServe(/*compute=*/true);  // the serve process is a device too
@@ -333,7 +274,7 @@ TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   std::vector<std::string> args = {e2e::Bin(),         "run",  "--join",  Join(),     "--json",
                                    "--name",           "head", "--model", tiny,       "--prompt",
                                    "Once upon a time", "-n",   "80",      "--stages", "3"};
-  Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-kill.log").string());
+  Proc run = Proc::Spawn(args, Env("head"), (tmp_ / "run-kill.log").string());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   procs_[static_cast<size_t>(victim)].Stop(SIGKILL);
   const int rc = run.Wait(90);
@@ -343,6 +284,10 @@ TEST_F(RingTest, AStageKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   EXPECT_EQ(j["replays"], 1) << log;
   EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
   EXPECT_EQ(j["plan"].size(), 3u);  // the spare node took the dead one's place
+  // A fault, not an audit's verdict: the replay first lets the room drop the dead member
+  // (audit_test's AReplayAfterAVerdictWaitsForNoOne is the other side).
+  EXPECT_NE(log.find("for the room to drop members that died"), std::string::npos) << log;
+  EXPECT_EQ(log.find("no wait for the room"), std::string::npos) << log;
 }
 
 TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNextPrompt) {
@@ -357,7 +302,7 @@ TEST_F(RingTest, WhenTheReplacementDiesTooTheErrorIsClearAndTheRingServesTheNext
                                    "--name",           "head", "--model", tiny,       "--prompt",
                                    "Once upon a time", "-n",   "200",     "--stages", "3"};
   const auto start = std::chrono::steady_clock::now();
-  Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-kill2.log").string());
+  Proc run = Proc::Spawn(args, Env("head"), (tmp_ / "run-kill2.log").string());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   procs_[static_cast<size_t>(first_victim)].Stop(SIGKILL);
   // The head notices within a few seconds, re-plans with the spare and replays; kill that too.
@@ -411,7 +356,7 @@ TEST_F(RingTest, EveryDeviceOfTheRoomShowsTheTurnsTextInThePlanOrNot) {
   StartNodes(2);
   std::vector<std::string> quiet = {e2e::Bin(), "node", "--join", Join(), "--name", "node-3", "--no-show-tokens"};
   for (const auto& a : ModelsDirArgs()) quiet.push_back(a);
-  procs_.push_back(Proc::Spawn(quiet, BaseEnv("node-3"), (tmp_ / "node-3.log").string()));
+  procs_.push_back(Proc::Spawn(quiet, Env("node-3"), (tmp_ / "node-3.log").string()));
   WaitForJoined(3);
   // The shown text ends its line (the closing marker starts the next).
   auto line = [](std::string t) { return t.empty() || t.back() == '\n' ? t : t + "\n"; };
@@ -501,7 +446,7 @@ TEST_F(RingTest, ARelayedNodeKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   std::vector<std::string> args = {e2e::Bin(),         "run",  "--join",  Join(),     "--json",
                                    "--name",           "head", "--model", tiny,       "--prompt",
                                    "Once upon a time", "-n",   "80",      "--stages", "3"};
-  Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-kill.log").string());
+  Proc run = Proc::Spawn(args, Env("head"), (tmp_ / "run-kill.log").string());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   procs_[0].Stop(SIGKILL);  // the relayed node: in the first plan, as every device is
   const int rc = run.Wait(90);
@@ -533,7 +478,7 @@ TEST_F(RingTest, ASecondPromptWaitsForTheTurnInProgress) {
   auto spawn = [&](const std::string& home, const std::string& prompt, int n, const std::string& log) {
     return Proc::Spawn({e2e::Bin(), "run", "--join", Join(), "--json", "--name", home, "--model", tiny, "--prompt",
                         prompt, "-n", std::to_string(n), "--stages", "2"},
-                       BaseEnv(home), (tmp_ / log).string());
+                       Env(home), (tmp_ / log).string());
   };
   Proc a = spawn("head-a", "Once upon a time", 100, "run-a.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -561,7 +506,7 @@ TEST_F(RingTest, AFrameTamperedWithInFlightBreaksTheLinkAndTheTurnIsReplayedWith
                                         "--port",      std::to_string(inbox),
                                         "--advertise", "127.0.0.1:" + std::to_string(proxy.port())};
   for (const auto& a : ModelsDirArgs()) node_args.push_back(a);
-  procs_.push_back(Proc::Spawn(node_args, BaseEnv("node-tampered"), (tmp_ / "node-tampered.log").string()));
+  procs_.push_back(Proc::Spawn(node_args, Env("node-tampered"), (tmp_ / "node-tampered.log").string()));
   WaitForJoined(1);
   const auto want = GenerateIds(Stories(), "Once upon a time", 24);
   auto [rc, j] = Run({"--model", Stories(), "--prompt", "Once upon a time", "-n", "24", "--stages", "2", "--verify",
@@ -669,7 +614,7 @@ TEST_F(RingTest, AStoppedStageIsGivenUpAndDoesNoHarmWhenItResumes) {
                                    "--name",           "head", "--model", tiny,       "--prompt",
                                    "Once upon a time", "-n",   "80",      "--stages", "3"};
   const auto start = std::chrono::steady_clock::now();
-  Proc run = Proc::Spawn(args, BaseEnv("head"), (tmp_ / "run-stop.log").string());
+  Proc run = Proc::Spawn(args, Env("head"), (tmp_ / "run-stop.log").string());
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   ::kill(procs_[static_cast<size_t>(victim)].pid(), SIGSTOP);
   const int rc = run.Wait(60);

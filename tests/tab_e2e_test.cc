@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "daisy/kernels.h"
+#include "e2e_fixture.h"
 #include "e2e_util.h"
-#include "model_maker.h"
 #include "proc_util.h"
 
 namespace daisy {
@@ -22,43 +22,8 @@ namespace {
 namespace fs = std::filesystem;
 using e2e::Proc;
 
-class TabTest : public ::testing::Test {
+class TabTest : public e2e::RingFixture {
  protected:
-  static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/daisy_tab_models_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    models_ = tmpl;
-    modelmaker::MakeOptions o;
-    o.tokenizer_dir = e2e::Models() + "/stories260K";
-    o.seed = 7;
-    ASSERT_TRUE(modelmaker::MakeModel(modelmaker::PresetShape("tiny-llama-30"), (models_ / "tiny30").string(), o).ok());
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(models_, ec);
-  }
-  void SetUp() override {
-    char tmpl[] = "/tmp/daisy_tab_e2e_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    tmp_ = tmpl;
-    port_ = e2e::FreePort();
-  }
-  void TearDown() override {
-    procs_.clear();
-    serve_ = Proc();
-    if (!HasFailure() && !std::getenv("DAISY_KEEP_LOGS")) {
-      std::error_code ec;
-      fs::remove_all(tmp_, ec);
-    } else {
-      std::fprintf(stderr, "logs kept in %s\n", tmp_.c_str());
-    }
-  }
-  std::string Join() const { return "127.0.0.1:" + std::to_string(port_); }
-  std::vector<std::string> Env(const std::string& home, const std::vector<std::string>& extra = {}) const {
-    std::vector<std::string> env = {"DAISY_HOME=" + (tmp_ / home).string()};
-    env.insert(env.end(), extra.begin(), extra.end());
-    return env;
-  }
   void StartServe() {
     serve_ = Proc::Spawn({e2e::Bin(), "serve", "--port", std::to_string(port_), "--auto-approve", "--name", "serve",
                           "--no-compute", "--models-dir", models_.string()},
@@ -91,30 +56,7 @@ class TabTest : public ::testing::Test {
            << e2e::ReadAll((tmp_ / "serve.log").string()) << "\ntab:\n"
            << e2e::ReadAll((tmp_ / "tab-1.log").string());
   }
-  std::vector<int> GenerateIds(const std::string& model, int n) {
-    auto r =
-        e2e::RunCli("DAISY_HOME=" + (tmp_ / "gen").string(),
-                    "generate --model " + model + " --prompt 'Once upon a time' -n " + std::to_string(n) + " --json",
-                    tmp_.string());
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return nlohmann::json::parse(r.out)["ids"].get<std::vector<int>>();
-  }
-  static nlohmann::json LastJson(const std::string& log) {
-    const size_t brace = log.rfind("\n{");
-    try {
-      return nlohmann::json::parse(brace == std::string::npos ? log : log.substr(brace + 1));
-    } catch (...) {
-      return nullptr;
-    }
-  }
-
-  static fs::path models_;
-  fs::path tmp_;
-  int port_ = 0;
-  Proc serve_;
-  std::vector<Proc> procs_;
 };
-fs::path TabTest::models_;
 
 TEST_F(TabTest, ATabHoldsLayersThroughTheLinkAndTheRunIsVerified) {
   StartServe();
@@ -122,7 +64,7 @@ TEST_F(TabTest, ATabHoldsLayersThroughTheLinkAndTheRunIsVerified) {
   StartTab();
   WaitForJoined({"node-1", "tab-1"});
   const std::string tiny = (models_ / "tiny30").string();
-  const auto want = GenerateIds(tiny, 40);
+  const auto want = GenerateIds(tiny, "Once upon a time", 40);
   const std::string log = (tmp_ / "run.log").string();
   Proc run = Proc::Spawn({e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny, "--prompt",
                           "Once upon a time", "-n", "40", "--verify", "--stages", "3"},
@@ -156,7 +98,7 @@ TEST_F(TabTest, ATabKilledMidTurnIsPlannedAroundAndTheTurnReplayed) {
   StartTab({"DAISY_TEST_HOP_DELAY_MS=30"});
   WaitForJoined({"node-1", "tab-1"});
   const std::string tiny = (models_ / "tiny30").string();
-  const auto want = GenerateIds(tiny, 80);
+  const auto want = GenerateIds(tiny, "Once upon a time", 80);
   const std::string log = (tmp_ / "run-kill.log").string();
   Proc run = Proc::Spawn({e2e::Bin(), "run", "--join", Join(), "--json", "--name", "head", "--model", tiny, "--prompt",
                           "Once upon a time", "-n", "80", "--stages", "3"},

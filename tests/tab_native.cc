@@ -113,7 +113,7 @@ int Main(int argc, char** argv) {
       if (Status st = t.Receive(**in); !st.ok()) {
         std::fprintf(stderr, "tab: closing the link: %s\n", st.message().c_str());
         (void)flush();
-        (*link)->Close(4002, "the tab refused a message");
+        (*link)->Close(net::LinkCloseCode(net::LinkClose::kRefusedEnvelope), "the tab refused a message");
         return 1;
       }
     }

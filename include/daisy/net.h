@@ -51,31 +51,13 @@ Result<std::string> NormalizeFingerprint(const std::string& typed);
 // challenge and one of its own; serve answers with an envelope holding the tab's challenge.
 // After that each message is one envelope between the tab's key and the rendezvous key
 // (PeerBoxes), whose inner frame is a wire::Message: join, heartbeat, bye and member
-// envelopes up; peer lists, errors and member envelopes down.
+// envelopes up; peer lists, errors and member envelopes down. The magic, version, challenge
+// size, message limit and close codes (LinkClose) are daisy/seal.h's: the tab shares them.
 inline constexpr std::string_view kLinkPath = "/api/link";
-inline constexpr std::string_view kLinkMagic = "DCL1";
-inline constexpr uint8_t kLinkVersion = 1;
-inline constexpr size_t kLinkChallengeBytes = 32;
-// The largest message a link takes (an envelope around a whole frame); larger: close 1009.
-inline constexpr size_t kLinkMaxMessage = wire::kMaxFrameBytes + 64;
 // serve pings each link this often; a link that answers no ping for kLinkTimeoutSeconds
 // (or takes nothing serve sends for as long) is closed and its member dropped.
 inline constexpr double kLinkPingSeconds = 2.0;
 inline constexpr double kLinkTimeoutSeconds = 10.0;
-// The WebSocket close codes of a link (1000-1013: RFC 6455's own).
-enum class LinkClose : uint16_t {
-  kNormal = 1000,
-  kGoingAway = 1001,        // serve is stopping
-  kProtocolError = 1002,    // a frame RFC 6455 does not allow (unmasked, reserved bits, ...)
-  kUnsupportedData = 1003,  // a text message: the link is binary
-  kTooBig = 1009,           // a message over kLinkMaxMessage
-  kTryLater = 1013,         // serve holds as many links as it takes
-  kBadHandshake = 4001,     // wrong magic/version/length, a box that does not open, a wrong challenge
-  kRefusedEnvelope = 4002,  // a later envelope refused: wrong ids, a replay, tampered
-  kNotApproved = 4003,      // the key is not approved in any room (the page asks POST /api/join)
-  kReplaced = 4004,         // a newer link of the same key took over
-  kTooSlow = 4008,          // no pong, no handshake in time, or nothing could be sent for too long
-};
 // Sec-WebSocket-Accept for a Sec-WebSocket-Key: base64(SHA-1(key + RFC 6455's GUID)).
 std::string WebSocketAccept(std::string_view key);
 

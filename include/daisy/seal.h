@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "daisy/status.h"
@@ -45,6 +46,34 @@ bool IsPublicKey(const std::string& z85);
 std::string Fingerprint(const std::string& public_key);
 // The same 16 hex digits without dashes: the device id of that key.
 std::string KeyId(const std::string& public_key);
+
+// ---- the browser tab's link (docs/WIRE.md, "link"): what both ends speak ----
+
+// serve's link server (daisy/net.h) and the tab's LinkClient (daisy/tab.h, built without
+// ZeroMQ) read these from here, so the two ends cannot drift apart.
+inline constexpr std::string_view kLinkMagic = "DCL1";
+inline constexpr uint8_t kLinkVersion = 1;
+inline constexpr size_t kLinkChallengeBytes = 32;
+// The largest message a link takes (an envelope around a whole frame); larger: close 1009.
+inline constexpr size_t kLinkMaxMessage = wire::kMaxFrameBytes + 64;
+// The WebSocket close codes of a link (1000-1013: RFC 6455's own).
+enum class LinkClose : uint16_t {
+  kNormal = 1000,
+  kGoingAway = 1001,        // serve is stopping
+  kProtocolError = 1002,    // a frame RFC 6455 does not allow (unmasked, reserved bits, ...)
+  kUnsupportedData = 1003,  // a text message: the link is binary
+  kTooBig = 1009,           // a message over kLinkMaxMessage
+  kTryLater = 1013,         // serve holds as many links as it takes
+  kBadHandshake = 4001,     // wrong magic/version/length, a box that does not open, a wrong challenge
+  kRefusedEnvelope = 4002,  // a later envelope refused: wrong ids, a replay, tampered
+  kNotApproved = 4003,      // the key is not approved in any room (the page asks POST /api/join)
+  kReplaced = 4004,         // a newer link of the same key took over
+  kTooSlow = 4008,          // no pong, no handshake in time, or nothing could be sent for too long
+};
+// The number a close frame (and the page's close event) carries.
+constexpr uint16_t LinkCloseCode(LinkClose code) {
+  return static_cast<uint16_t>(code);
+}
 
 // ---- end-to-end boxes for frames that cross the relay ----
 

@@ -21,13 +21,6 @@
 
 namespace daisy::tab {
 
-// The link's constants, as serve's side has them (net::kLinkMagic and the rest; the tests
-// check they agree).
-inline constexpr std::string_view kLinkMagic = "DCL1";
-inline constexpr uint8_t kLinkVersion = 1;
-inline constexpr size_t kLinkChallengeBytes = 32;
-inline constexpr size_t kLinkMaxMessage = wire::kMaxFrameBytes + 64;
-
 // The client side of one DCL1 session: serve's first message (its rendezvous key and a
 // challenge) -> the tab's answer (its key and an envelope with both challenges) -> serve's
 // proof (an envelope with the tab's challenge) -> up; then every message either way is one
@@ -63,7 +56,7 @@ class LinkClient {
   std::string my_id_;
   std::string expected_;
   std::string server_key_, server_id_;
-  std::array<uint8_t, kLinkChallengeBytes> challenge_c_{};
+  std::array<uint8_t, net::kLinkChallengeBytes> challenge_c_{};
   bool answered_ = false;
   bool up_ = false;
   std::unique_ptr<net::PeerBoxes> boxes_;

@@ -15,28 +15,14 @@
 #include <vector>
 
 #include "crypt_golden.h"
+#include "crypt_vectors.h"
 
 namespace daisy::crypt {
 namespace {
 
-using Bytes = std::vector<unsigned char>;
-
-Bytes FromHex(const std::string& hex) {
-  Bytes out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out.push_back(static_cast<unsigned char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  return out;
-}
-
-std::string Hex(const unsigned char* p, size_t n) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    out += kHex[p[i] >> 4];
-    out += kHex[p[i] & 15];
-  }
-  return out;
-}
+using crypt_test::Bytes;
+using crypt_test::FromHex;
+using crypt_test::Hex;
 
 class CryptTest : public ::testing::Test {
  protected:
@@ -58,21 +44,7 @@ class CryptTest : public ::testing::Test {
 constexpr int kCases = 2000;
 
 TEST_F(CryptTest, X25519MatchesRfc7748Vectors) {
-  static constexpr struct {
-    const char *scalar, *u, *out;
-  } kVectors[] = {
-      {"a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4",
-       "e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c",
-       "c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552"},
-      {"4b66e9d4d1b4673c5ad22691957d6af5c11b6421e0ea01d42ca4169e7918ba0d",
-       "e5210f12786811d3f4b7959d0538ae2c31dbe7106fc03c3efc4cd549c715a493",
-       "95cbde9476e8907d7aade45cb4b873f88b595a68799fa152e6f8f7647aac7957"},
-      // Section 6.1: Alice's secret and Bob's public key give the shared secret.
-      {"77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a",
-       "de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f",
-       "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742"},
-  };
-  for (const auto& v : kVectors) {
+  for (const auto& v : crypt_test::kX25519Vectors) {
     const Bytes n = FromHex(v.scalar), p = FromHex(v.u);
     unsigned char ours[32], theirs[32];
     ASSERT_EQ(ScalarMult(ours, n.data(), p.data()), 0);
@@ -82,10 +54,10 @@ TEST_F(CryptTest, X25519MatchesRfc7748Vectors) {
   }
   // Section 6.1: the public keys.
   unsigned char pub[32];
-  ScalarMultBase(pub, FromHex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a").data());
-  EXPECT_EQ(Hex(pub, 32), "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a");
-  ScalarMultBase(pub, FromHex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb").data());
-  EXPECT_EQ(Hex(pub, 32), "de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f");
+  ScalarMultBase(pub, FromHex(crypt_test::kAliceSecret).data());
+  EXPECT_EQ(Hex(pub, 32), crypt_test::kAlicePublic);
+  ScalarMultBase(pub, FromHex(crypt_test::kBobSecret).data());
+  EXPECT_EQ(Hex(pub, 32), crypt_test::kBobPublic);
   // Section 5.2's iteration: k = u = 9, then k, u = X25519(k, u), k.
   unsigned char k[32] = {9}, u[32] = {9}, r[32];
   for (int i = 1; i <= 1000; ++i) {
@@ -93,10 +65,10 @@ TEST_F(CryptTest, X25519MatchesRfc7748Vectors) {
     std::memcpy(u, k, 32);
     std::memcpy(k, r, 32);
     if (i == 1) {
-      EXPECT_EQ(Hex(k, 32), "422c8e7a6227d7bca1350b3e2bb7279f7897b87bb6854b783c60e80311ae3079");
+      EXPECT_EQ(Hex(k, 32), crypt_test::kX25519After1);
     }
   }
-  EXPECT_EQ(Hex(k, 32), "684cf59ba83309552800ef566f2f4d3c1c3887c49360e3875f2eb94d99532c51");
+  EXPECT_EQ(Hex(k, 32), crypt_test::kX25519After1000);
 }
 
 TEST_F(CryptTest, X25519EqualsLibsodiumOnRandomKeysAndPoints) {
@@ -139,32 +111,24 @@ TEST_F(CryptTest, X25519RefusesPointsOfSmallOrderAsLibsodiumDoes) {
 }
 
 TEST_F(CryptTest, Poly1305MatchesRfc8439AndLibsodium) {
-  const Bytes key = FromHex("85d6be7857556d337f4452fe42d506a80103808afb0db2fd4abff6af4149f51b");
-  const std::string text = "Cryptographic Forum Research Group";
+  const Bytes key = FromHex(crypt_test::kPolyKey);
+  const std::string text = crypt_test::kPolyText;
   const auto* m = reinterpret_cast<const unsigned char*>(text.data());
   unsigned char tag[16];
   OneTimeAuth(tag, m, text.size(), key.data());
-  EXPECT_EQ(Hex(tag, 16), "a8061dc1305136c6c22b8baf0c0127a9");
+  EXPECT_EQ(Hex(tag, 16), crypt_test::kPolyTag);
   EXPECT_EQ(OneTimeAuthVerify(tag, m, text.size(), key.data()), 0);
   tag[15] ^= 1;
   EXPECT_EQ(OneTimeAuthVerify(tag, m, text.size(), key.data()), -1);
   // Accumulators that land in [p, 2^130) before the final reduction, and a carry out of
-  // h + s: RFC 8439 A.3's vectors 5, 6 and 8 and the like (random ones almost never do).
-  static constexpr struct {
-    const char *key, *msg;
-  } kEdges[] = {
-      {"0200000000000000000000000000000000000000000000000000000000000000", "ffffffffffffffffffffffffffffffff"},
-      {"02000000000000000000000000000000ffffffffffffffffffffffffffffffff", "02000000000000000000000000000000"},
-      {"0100000000000000000000000000000000000000000000000000000000000000",
-       "fffffffffffffffffffffffffffffffffbfefefefefefefefefefefefefefefe01010101010101010101010101010101"},
-      {"0200000000000000000000000000000000000000000000000000000000000000", "fdffffffffffffffffffffffffffffff"},
-  };
-  for (const auto& e : kEdges) {
+  // h + s (crypt_vectors.h).
+  for (const auto& e : crypt_test::kPolyEdges) {
     const Bytes k = FromHex(e.key), msg = FromHex(e.msg);
     unsigned char ours[16], theirs[16];
     OneTimeAuth(ours, msg.data(), msg.size(), k.data());
     crypto_onetimeauth_poly1305(theirs, msg.data(), msg.size(), k.data());
     EXPECT_EQ(Hex(ours, 16), Hex(theirs, 16)) << e.key << " " << e.msg;
+    EXPECT_EQ(Hex(ours, 16), e.tag) << e.key << " " << e.msg;
   }
   for (int i = 0; i < kCases; ++i) {
     // Now and then r and s all ones, blocks of 0xff: the limbs at their largest.
@@ -254,15 +218,9 @@ TEST_F(CryptTest, BoxesEqualLibsodiumAndOpenAcrossBothWays) {
 TEST_F(CryptTest, Blake2bMatchesRfc7693AndLibsodium) {
   unsigned char d[64];
   ASSERT_EQ(GenericHash(d, 64, nullptr, 0, nullptr, 0), 0);
-  EXPECT_EQ(
-      Hex(d, 64),
-      "786a02f742015903c6c6fd852552d272912f4740e15847618a86e217f71f5419d25e1031afee585313896444934eb04b903a685b1448"
-      "b755d56f701afe9be2ce");
+  EXPECT_EQ(Hex(d, 64), crypt_test::kBlake2bEmpty);
   ASSERT_EQ(GenericHash(d, 64, reinterpret_cast<const unsigned char*>("abc"), 3, nullptr, 0), 0);
-  EXPECT_EQ(
-      Hex(d, 64),
-      "ba80a53f981c4d0d6a2797b69f12f6e94c212f14685ac4b74b12bb6fdbffa2d17d87c5392aab792dc252d5de4533cc9518d38aa8dbf1"
-      "925ab92386edd4009923");
+  EXPECT_EQ(Hex(d, 64), crypt_test::kBlake2bAbc);
   for (int i = 0; i < kCases; ++i) {
     const size_t outlen = 1 + rng_() % 64, keylen = i % 5 == 0 ? 0 : rng_() % 65;
     const Bytes msg = Random(Length(i)), key = Random(64);
@@ -302,10 +260,9 @@ TEST_F(CryptTest, Blake2bMatchesRfc7693AndLibsodium) {
 
 TEST_F(CryptTest, Z85EqualsLibzmqAndRefusesWhatItRefuses) {
   // RFC 32's example.
-  const unsigned char hello[8] = {0x86, 0x4F, 0xD2, 0x6F, 0xB5, 0x59, 0xF7, 0x5B};
   char text[11];
-  ASSERT_NE(Z85Encode(text, hello, 8), nullptr);
-  EXPECT_STREQ(text, "HelloWorld");
+  ASSERT_NE(Z85Encode(text, crypt_test::kZ85HelloBytes, 8), nullptr);
+  EXPECT_STREQ(text, crypt_test::kZ85Hello);
   static constexpr char kAlphabet[] =
       "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
   for (int i = 0; i < kCases; ++i) {
@@ -392,7 +349,7 @@ TEST_F(CryptTest, HelpersBehaveAsLibsodiums) {
 TEST_F(CryptTest, LibsodiumGivesTheGoldenDigest) {
   EXPECT_EQ(crypt_test::CryptGoldenDigest(), crypt_test::kCryptGoldenDigest);
   // The fixed key of crypt_shim_test and tests/wasm/engine_test.mjs, as net::KeyId computes it.
-  const Bytes pub = FromHex("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a");
+  const Bytes pub = FromHex(crypt_test::kAlicePublic);
   char z85[41];
   ASSERT_NE(zmq_z85_encode(z85, pub.data(), 32), nullptr);
   EXPECT_STREQ(z85, crypt_test::kAliceZ85);

@@ -25,7 +25,9 @@ class AuditTest : public ::testing::Test {
   void StartRing(int flip_every) { ASSERT_EQ(ring_.Start({{"node-a"}, {"node-b", flip_every}}), ""); }
   void TearDown() override { ring_.Stop(); }
 
-  HeadReport Run(double rate, uint64_t seed, int max_tokens, const std::string& prompt) {
+  // `status`: the head's status lines, when given.
+  HeadReport Run(double rate, uint64_t seed, int max_tokens, const std::string& prompt,
+                 std::vector<std::string>* status = nullptr, bool verify = true) {
     SessionOptions so = ring_.HeadOptions("auditing-head");
     so.audit_rate = rate;
     so.audit_seed = seed;
@@ -37,9 +39,10 @@ class AuditTest : public ::testing::Test {
     TurnRequest r;
     r.prompt_ids = *(*s)->tokenizer()->Encode(prompt, true);
     r.generate.max_tokens = max_tokens;
-    r.verify = true;
-    r.on_status = [](std::string_view line) {
+    r.verify = verify;
+    r.on_status = [status](std::string_view line) {
       std::fprintf(stderr, "  head: %.*s\n", static_cast<int>(line.size()), line.data());
+      if (status) status->emplace_back(line);
     };
     auto rep = (*s)->Generate(r);
     EXPECT_TRUE(rep.ok()) << rep.status().message();
@@ -76,6 +79,25 @@ TEST_F(AuditTest, FullAuditCatchesTheFirstRiggedHop) {
   for (const auto& s : r.plan) EXPECT_NE(s.device_name, "node-b") << "the rigged stage is excluded from the replay";
   EXPECT_EQ(r.ids.size(), 30u);
   EXPECT_TRUE(r.verified.value_or(false)) << r.verify_message;
+}
+
+// A verdict names stages that answered, so its replay waits for no one: the settle wait
+// (settle_s, for the room to drop members that died) is for replays after a fault. Read from
+// the head's status lines, not the clock.
+TEST_F(AuditTest, AReplayAfterAVerdictWaitsForNoOne) {
+  StartRing(5);
+  std::vector<std::string> status;
+  HeadReport r = Run(1.0, 7, 12, "Once upon a time", &status, /*verify=*/false);
+  ASSERT_EQ(r.audit_failures.size(), 1u);
+  ASSERT_EQ(r.replays, 1);
+  const auto said = [&status](const std::string& part) {
+    return std::count_if(status.begin(), status.end(),
+                         [&part](const std::string& l) { return l.find(part) != std::string::npos; });
+  };
+  EXPECT_EQ(said("re-planning around the devices still in the room"), 1);
+  EXPECT_EQ(said("no wait for the room: the audit's verdict"), 1);
+  EXPECT_EQ(said("for the room to drop members that died"), 0) << "the replay waited for dead members";
+  EXPECT_EQ(r.ids.size(), 12u);
 }
 
 // A middle stage that sends corrupted rows while reporting the honest digest of its output

@@ -117,7 +117,9 @@ Result<HeadReport> HeadSession::Impl::Generate(const TurnRequest& request, const
       // the failed attempt's late frames) so the new plan holds only members alive now.
       // An audit's verdict names stages that answered (they lied, they did not die): the
       // plan leaves them out, and no one need be waited for.
-      if (!excluded_by_verdict) {
+      if (excluded_by_verdict) {
+        say("no wait for the room: the audit's verdict names stages that answered, and none died");
+      } else {
         say("waiting " + std::to_string(static_cast<int>(o.settle_s)) + " s for the room to drop members that died");
         const auto settle = Clock::now();
         while (Since(settle) < o.settle_s) (void)room->Poll(50, 0);

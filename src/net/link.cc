@@ -172,8 +172,7 @@ class Link {
   std::deque<std::vector<uint8_t>> out_;
   size_t out_at_ = 0;  // bytes of out_.front() already sent
   Clock::time_point last_progress_;
-  std::string why_;            // why the link ended ("" while it runs)
-  uint64_t last_counter_ = 0;  // of the last envelope opened from the tab
+  std::string why_;  // why the link ended ("" while it runs)
 };
 
 bool Link::Flush() {
@@ -196,14 +195,14 @@ bool Link::Flush() {
 }
 
 void Link::CloseWith(LinkClose code, const std::string& reason, const std::string& detail) {
-  why_ = "closed it with " + std::to_string(static_cast<int>(code)) + " (" + reason +
+  why_ = "closed it with " + std::to_string(LinkCloseCode(code)) + " (" + reason +
          (detail.empty() ? "" : ": " + detail) + ")";
   // A frame half sent must be finished; nothing after it matters any more.
   if (out_at_ > 0)
     out_.resize(1);
   else
     out_.clear();
-  Queue(ws::Opcode::kClose, ws::ClosePayload(static_cast<uint16_t>(code), reason));
+  Queue(ws::Opcode::kClose, ws::ClosePayload(LinkCloseCode(code), reason));
   const auto end = Clock::now() + Seconds(kCloseGraceS);
   while (!out_.empty() && Clock::now() < end) {
     if (!Flush()) return;
@@ -231,7 +230,6 @@ void Link::Handshake(const std::vector<uint8_t>& m) {
   const auto* env = decoded.ok() ? std::get_if<wire::Relay>(&*decoded) : nullptr;
   if (!env) return CloseWith(LinkClose::kBadHandshake, "the answer to the challenge holds no relay envelope");
   auto inner = boxes_.Open(key, *env);
-  if (inner.ok()) last_counter_ = env->counter;
   if (!inner.ok())
     return CloseWith(LinkClose::kBadHandshake, "the answer to the challenge does not open", inner.status().message());
   if (inner->size() != 2 * kLinkChallengeBytes ||
@@ -269,17 +267,10 @@ void Link::Envelope(const std::vector<uint8_t>& m) {
   if (!env) return CloseWith(LinkClose::kRefusedEnvelope, "a message that is not a relay envelope");
   if (env->from != KeyId(tab_key_) || env->to != s_.my_id)
     return CloseWith(LinkClose::kRefusedEnvelope, "an envelope not from this tab's key to serve's");
-  const uint64_t counter = env->counter;
   auto inner = boxes_.Open(tab_key_, *env);
-  if (!inner.ok()) {
-    // PeerBoxes refuses a counter before it tries the box: say which it was, briefly.
-    const bool replay = counter <= last_counter_;
-    return CloseWith(LinkClose::kRefusedEnvelope,
-                     replay ? "a replayed envelope (its counter was opened already, or is too old)"
-                            : "an envelope that does not open (changed on the way, or sealed with another key)",
-                     inner.status().message());
-  }
-  last_counter_ = counter;
+  // PeerBoxes says which it was: a counter already opened, one too old, or a box that does
+  // not open (changed on the way, or sealed with another key).
+  if (!inner.ok()) return CloseWith(LinkClose::kRefusedEnvelope, inner.status().message());
   s_.hooks.frame(tab_key_, std::move(*inner));
 }
 

@@ -234,9 +234,13 @@ TEST(Endpoint, OversizedFramesAreDroppedBeforeAllocation) {
   (*c)->SetPeerKey(p.b->address(), p.b->public_key());
   p.b->Allow((*c)->public_key());
   ASSERT_TRUE((*c)->Send(p.b->address(), wire::Message(wire::Token{1, 1, 7})).ok());
-  bool got_token = false;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (std::chrono::steady_clock::now() < end) {
+  // Read until both have happened: the token came, and the sender of the huge frame saw its
+  // connection dropped (after that the frame cannot arrive). Encrypting 256 MiB takes a
+  // while on a loaded machine, so no fixed wait: events, under a generous bound.
+  bool got_token = false, dropped = false;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!(got_token && dropped) && std::chrono::steady_clock::now() < end) {
+    for (const auto& addr : p.a->TakeDropped()) dropped = dropped || addr == p.b->address();
     auto f = p.b->Receive(50);
     ASSERT_TRUE(f.ok());
     if (!f->has_value()) continue;
@@ -244,6 +248,7 @@ TEST(Endpoint, OversizedFramesAreDroppedBeforeAllocation) {
     auto m = wire::Decode(**f);
     if (m.ok() && std::holds_alternative<wire::Token>(*m)) got_token = std::get<wire::Token>(*m).token_id == 7;
   }
+  EXPECT_TRUE(dropped) << "the receiver never dropped the connection that carried the oversized frame";
   EXPECT_TRUE(got_token);
 }
 

@@ -166,7 +166,7 @@ TEST(WebSocket, ReadsTheRfcsExampleFrames) {
 TEST(WebSocket, ReadsCloseCodesAndReasons) {
   FrameReader r(1000, /*expect_masked=*/false);
   std::vector<uint8_t> f = {0x88, 0x00};
-  const auto p = ClosePayload(4003, "not approved");
+  const auto p = ClosePayload(net::LinkCloseCode(net::LinkClose::kNotApproved), "not approved");
   f.push_back(0x88);
   f.push_back(static_cast<uint8_t>(p.size()));
   f.insert(f.end(), p.begin(), p.end());
@@ -176,7 +176,7 @@ TEST(WebSocket, ReadsCloseCodesAndReasons) {
   ASSERT_EQ(ev.size(), 2u);
   EXPECT_EQ(ev[0].kind, Event::Kind::kClose);
   EXPECT_EQ(ev[0].code, 1005) << "no code given";
-  EXPECT_EQ(ev[1].code, 4003);
+  EXPECT_EQ(ev[1].code, net::LinkCloseCode(net::LinkClose::kNotApproved));
   EXPECT_EQ(ev[1].reason, "not approved");
   // A reason is cut to fit a control frame, never inside a character.
   const std::string long_reason = std::string(122, 'x') + "\xc3\xa9" + "yz";

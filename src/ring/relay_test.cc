@@ -3,100 +3,33 @@
 // (RoomMember with no_listen). What the relay sees of a relayed activation must be only
 // ciphertext; what it refuses (a forged sender, a replay, a stranger) never arrives.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <mutex>
+#include <thread>
 
 #include "daisy/ring.h"
+#include "relay_fixture.h"
 
 namespace daisy {
 namespace {
 
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using testrelay::ActivationOf;
+using testrelay::Payload;
 
-// A payload no ciphertext will contain by chance: 64 floats of a fixed pattern.
-std::vector<float> Payload(float base) {
-  std::vector<float> v(64);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = base + 0.015625f * static_cast<float>(i);
-  return v;
-}
-
-wire::Activation ActivationOf(std::vector<float> values) {
-  wire::Activation a;
-  a.seq = 3;
-  a.token_index = 5;
-  a.next = 1;
-  a.model_hash = 0x12345678u;
-  a.values = std::move(values);
-  a.act_hash = wire::ActHash(a.values);
-  return a;
-}
-
-bool Holds(const std::vector<uint8_t>& hay, const uint8_t* needle, size_t n) {
-  return std::search(hay.begin(), hay.end(), needle, needle + n) != hay.end();
-}
-
-class RelayTest : public ::testing::Test {
+class RelayTest : public testrelay::RelayFixture {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/daisy_relay_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    home_ = tmpl;
-    ::setenv("DAISY_HOME", home_.c_str(), 1);
-    net::RendezvousOptions ro;
-    ro.port = 0;
-    ro.auto_approve = true;
-    ro.relay_observer = [this](std::span<const uint8_t> frame) {
-      std::lock_guard<std::mutex> lock(mu_);
-      seen_.emplace_back(frame.begin(), frame.end());
-    };
-    auto rv = net::Rendezvous::Start(ro);
-    ASSERT_TRUE(rv.ok()) << rv.status().message();
-    rv_ = std::move(*rv);
+    RelayFixture::SetUp();
+    StartRendezvous([](net::RendezvousOptions& o) { o.auto_approve = true; });
     StartMux(rv_->relay_port());
   }
-  void TearDown() override {
-    members_.clear();
-    mux_.reset();
-    rv_.reset();
-    ::unsetenv("DAISY_HOME");
-    std::error_code ec;
-    fs::remove_all(home_, ec);
-  }
-  void StartMux(int relay_port) {
-    net::PortMuxOptions mo;
-    mo.port = 0;
-    mo.zmq_port = std::stoi(rv_->address().substr(rv_->address().rfind(':') + 1));
-    mo.http_port = mo.zmq_port;  // nothing here speaks HTTP
-    mo.relay_port = relay_port;
-    auto mux = net::PortMux::Start(mo);
-    ASSERT_TRUE(mux.ok()) << mux.status().message();
-    mux_ = std::move(*mux);
-  }
-  RoomMember::Options MemberOptions(const std::string& role, bool no_listen) {
-    RoomMember::Options o;
-    o.role = role;
-    o.name = role;
-    o.log_name = role;
-    o.rendezvous = "tcp://127.0.0.1:" + std::to_string(mux_->port());
-    o.admission = rv_->LocalAdmission(/*trusted=*/true);
-    o.capabilities = wire::kCapCompute;
-    o.budget = 1ull << 30;
+  RoomMember::Options MemberOptions(const std::string& role, bool no_listen) const {
+    RoomMember::Options o = RelayFixture::MemberOptions(role);
     o.no_listen = no_listen;
     return o;
   }
-  RoomMember& Add(const std::string& role, bool no_listen) {
-    auto m = RoomMember::Create(MemberOptions(role, no_listen));
-    EXPECT_TRUE(m.ok()) << m.status().message();
-    EXPECT_TRUE((*m)->Admit().ok());
-    members_.push_back(std::move(*m));
-    return *members_.back();
-  }
+  RoomMember& Add(const std::string& role, bool no_listen) { return RelayFixture::Add(MemberOptions(role, no_listen)); }
   // Receives on every member until each has a peer list naming `n` members (bounded).
   void AwaitRoomOf(size_t n) {
     const auto end = Clock::now() + std::chrono::seconds(10);
@@ -110,28 +43,6 @@ class RelayTest : public ::testing::Test {
     }
     FAIL() << "the members never saw a room of " << n;
   }
-  // The next frame `m` accepts within `ms` (peer lists skipped); nullopt when none.
-  static std::optional<Incoming> Next(RoomMember& m, int ms) {
-    const auto end = Clock::now() + std::chrono::milliseconds(ms);
-    while (Clock::now() < end) {
-      auto in = m.Receive(50, 0, [](const std::string&) { return true; });
-      if (!in.ok() || !in->has_value()) continue;
-      if ((*in)->message.ok() && std::holds_alternative<wire::Peers>(*(*in)->message)) continue;
-      return std::move(**in);
-    }
-    return std::nullopt;
-  }
-  std::vector<std::vector<uint8_t>> Seen() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return seen_;
-  }
-
-  fs::path home_;
-  std::unique_ptr<net::Rendezvous> rv_;
-  std::unique_ptr<net::PortMux> mux_;
-  std::vector<std::unique_ptr<RoomMember>> members_;
-  std::mutex mu_;
-  std::vector<std::vector<uint8_t>> seen_;
 };
 
 // The relay's own view of a relayed activation, both ways, is ciphertext: no 16 bytes of
@@ -165,13 +76,7 @@ TEST_F(RelayTest, TheRelaySeesOnlyCiphertextAndBothEndsGetTheExactBits) {
   const auto seen = Seen();
   ASSERT_GE(seen.size(), 2u) << "the relay forwarded nothing: the frames did not go through it";
   EXPECT_GE(rv_->relayed_frames(), 2);
-  for (const auto* payload : {&down, &up}) {
-    const auto* bytes = reinterpret_cast<const uint8_t*>(payload->data());
-    for (size_t at = 0; at + 16 <= payload->size() * 4; at += 16)
-      for (const auto& frame : seen)
-        EXPECT_FALSE(Holds(frame, bytes + at, 16))
-            << "payload bytes [" << at << ", " << at + 16 << ") are in a frame the relay saw";
-  }
+  for (const auto* payload : {&down, &up}) testrelay::ExpectInNoFrame(seen, *payload, /*stride=*/16);
 }
 
 // The relay forwards an envelope only from the member its `from` names, only to a member of

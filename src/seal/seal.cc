@@ -116,10 +116,11 @@ Result<std::vector<uint8_t>> PeerBoxes::Open(const std::string& from_public, con
   if (!first && envelope.counter <= seen->second.highest) {
     const uint64_t back = seen->second.highest - envelope.counter;
     if (back >= kReplayWindow)
+      // The verdict before the figures: a link's close reason keeps only its first 123 bytes.
       return PermissionDenied("a relayed frame from " + Fingerprint(from_public) + " with counter " +
-                              std::to_string(envelope.counter) + ", more than " + std::to_string(kReplayWindow) +
-                              " below the highest opened (" + std::to_string(seen->second.highest) +
-                              "): too old to tell from a replay");
+                              std::to_string(envelope.counter) + " is too old to tell from a replay (more than " +
+                              std::to_string(kReplayWindow) + " below the highest opened, " +
+                              std::to_string(seen->second.highest) + ")");
     if (seen->second.opened.test(back))
       return PermissionDenied("a relayed frame from " + Fingerprint(from_public) + " with counter " +
                               std::to_string(envelope.counter) + ", already opened: a replay");

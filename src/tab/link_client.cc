@@ -10,7 +10,7 @@ namespace daisy::tab {
 
 namespace {
 
-constexpr size_t kHeader = kLinkMagic.size() + 1 + wire::kPublicKeyChars;  // magic | version | key
+constexpr size_t kHeader = net::kLinkMagic.size() + 1 + wire::kPublicKeyChars;  // magic | version | key
 
 // The one envelope a link message holds, from `from_id` to `to_id`.
 Result<wire::Relay> EnvelopeOf(std::span<const uint8_t> message, const std::string& from_id, const std::string& to_id,
@@ -36,15 +36,15 @@ LinkClient::~LinkClient() {
 
 Result<std::vector<uint8_t>> LinkClient::Answer(std::span<const uint8_t> first) {
   if (answered_) return FailedPrecondition("serve's first link message came twice");
-  if (first.size() != kHeader + kLinkChallengeBytes)
+  if (first.size() != kHeader + net::kLinkChallengeBytes)
     return InvalidArgument("serve's first link message has " + std::to_string(first.size()) + " bytes, not " +
-                           std::to_string(kHeader + kLinkChallengeBytes));
-  if (std::memcmp(first.data(), kLinkMagic.data(), kLinkMagic.size()) != 0)
-    return InvalidArgument("serve's first link message does not start with " + std::string(kLinkMagic));
-  if (first[kLinkMagic.size()] != kLinkVersion)
-    return InvalidArgument("serve speaks link version " + std::to_string(first[kLinkMagic.size()]) +
-                           "; this tab speaks version " + std::to_string(kLinkVersion));
-  std::string key(reinterpret_cast<const char*>(first.data()) + kLinkMagic.size() + 1, wire::kPublicKeyChars);
+                           std::to_string(kHeader + net::kLinkChallengeBytes));
+  if (std::memcmp(first.data(), net::kLinkMagic.data(), net::kLinkMagic.size()) != 0)
+    return InvalidArgument("serve's first link message does not start with " + std::string(net::kLinkMagic));
+  if (first[net::kLinkMagic.size()] != net::kLinkVersion)
+    return InvalidArgument("serve speaks link version " + std::to_string(first[net::kLinkMagic.size()]) +
+                           "; this tab speaks version " + std::to_string(net::kLinkVersion));
+  std::string key(reinterpret_cast<const char*>(first.data()) + net::kLinkMagic.size() + 1, wire::kPublicKeyChars);
   if (!net::IsPublicKey(key)) return InvalidArgument("serve's first link message holds no public key");
   if (!expected_.empty() && key != expected_)
     return PermissionDenied("serve's link key " + net::Fingerprint(key) + " is not the key " +
@@ -54,11 +54,11 @@ Result<std::vector<uint8_t>> LinkClient::Answer(std::span<const uint8_t> first) 
   server_key_ = std::move(key);
   server_id_ = net::KeyId(server_key_);
   randombytes_buf(challenge_c_.data(), challenge_c_.size());
-  std::vector<uint8_t> inner(first.end() - kLinkChallengeBytes, first.end());
+  std::vector<uint8_t> inner(first.end() - net::kLinkChallengeBytes, first.end());
   inner.insert(inner.end(), challenge_c_.begin(), challenge_c_.end());
   DAISY_ASSIGN_OR_RETURN(wire::Relay env, boxes_->Seal(server_key_, inner));
-  std::vector<uint8_t> out(kLinkMagic.begin(), kLinkMagic.end());
-  out.push_back(kLinkVersion);
+  std::vector<uint8_t> out(net::kLinkMagic.begin(), net::kLinkMagic.end());
+  out.push_back(net::kLinkVersion);
   out.insert(out.end(), keys_.public_key.begin(), keys_.public_key.end());
   const std::vector<uint8_t> envelope = wire::Encode(wire::Message(std::move(env)));
   out.insert(out.end(), envelope.begin(), envelope.end());
@@ -71,8 +71,8 @@ Status LinkClient::Confirm(std::span<const uint8_t> proof) {
   DAISY_ASSIGN_OR_RETURN(wire::Relay env, EnvelopeOf(proof, server_id_, my_id_, "serve's link proof"));
   auto inner = boxes_->Open(server_key_, env);
   if (!inner.ok()) return PermissionDenied("serve's link proof does not open: " + inner.status().message());
-  if (inner->size() != kLinkChallengeBytes ||
-      sodium_memcmp(inner->data(), challenge_c_.data(), kLinkChallengeBytes) != 0)
+  if (inner->size() != net::kLinkChallengeBytes ||
+      sodium_memcmp(inner->data(), challenge_c_.data(), net::kLinkChallengeBytes) != 0)
     return PermissionDenied("serve's link proof holds another challenge than this tab's");
   up_ = true;
   return Status::Ok();
@@ -86,7 +86,7 @@ Result<std::vector<uint8_t>> LinkClient::Seal(std::span<const uint8_t> inner) {
 
 Result<std::vector<uint8_t>> LinkClient::Open(std::span<const uint8_t> message) {
   if (!up_) return FailedPrecondition("a link message before the link is up");
-  if (message.size() > kLinkMaxMessage)
+  if (message.size() > net::kLinkMaxMessage)
     return InvalidArgument("a link message of " + std::to_string(message.size()) + " bytes is over the limit");
   DAISY_ASSIGN_OR_RETURN(wire::Relay env, EnvelopeOf(message, server_id_, my_id_, "a link message"));
   return boxes_->Open(server_key_, env);

@@ -39,9 +39,9 @@ std::string Encode(std::string_view s) {
 // Parses a single "bytes=a-b", "bytes=a-" or "bytes=-n" against `size`. Returns false when
 // the header is not one range; sets *unsatisfiable when it starts past the end.
 bool ParseRange(const std::string& h, uint64_t size, uint64_t* first, uint64_t* last, bool* unsatisfiable) {
-  static const std::regex re(R"(bytes=(\d*)-(\d*))");
+  static const std::regex kRange(R"(bytes=(\d*)-(\d*))");
   std::smatch m;
-  if (!std::regex_match(h, m, re) || (m[1].length() == 0 && m[2].length() == 0)) return false;
+  if (!std::regex_match(h, m, kRange) || (m[1].length() == 0 && m[2].length() == 0)) return false;
   *unsatisfiable = false;
   if (m[1].length() == 0) {  // suffix: the last n bytes
     uint64_t n = std::stoull(m[2].str());
@@ -211,9 +211,9 @@ struct TestHub::Impl {
     TakeOverRanges(req);
     int fail = 0;
     if (TakeFailure(&fail)) return Reply("hub", req, res, fail);
-    static const std::regex re(R"(/([^/]+)/([^/]+)/resolve/(.+)/([^/]+))");
+    static const std::regex kResolve(R"(/([^/]+)/([^/]+)/resolve/(.+)/([^/]+))");
     std::smatch m;
-    if (!std::regex_match(req.path, m, re)) return Reply("hub", req, res, 404);
+    if (!std::regex_match(req.path, m, kResolve)) return Reply("hub", req, res, 404);
     const std::string repo = m[1].str() + "/" + m[2].str(), rev = m[3].str(), file = m[4].str();
     std::string auth = req.get_header_value("Authorization");
     bool is_gated;
@@ -254,9 +254,9 @@ struct TestHub::Impl {
     TakeOverRanges(req);
     int fail = 0;
     if (TakeFailure(&fail)) return Reply("cdn", req, res, fail);
-    static const std::regex re(R"(/([^/]+)/([^/]+)/([0-9a-f]{40})/([^/]+))");
+    static const std::regex kCdnPath(R"(/([^/]+)/([^/]+)/([0-9a-f]{40})/([^/]+))");
     std::smatch m;
-    if (!std::regex_match(req.path, m, re) || m[4].str() == "..") return Reply("cdn", req, res, 404);
+    if (!std::regex_match(req.path, m, kCdnPath) || m[4].str() == "..") return Reply("cdn", req, res, 404);
     ServeFile("cdn", req, res, root + "/" + m[1].str() + "/" + m[2].str() + "/" + m[4].str());
   }
 };
