@@ -213,8 +213,13 @@ Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
                    static_cast<size_t>(nk), kernels::ProductShape::kAttention);
   kernels::MatMulQ(qq.data(), qs.data(), q_terms * rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
                    static_cast<size_t>(nk), kernels::ProductShape::kAttention);
-  // softmax over the visible keys in f32, in key order; fold V's scales into p
+  // softmax over the visible keys in f32, in key order (all rows at once: SoftmaxRows); then
+  // fold V's scales into p
   const float* vscale[2] = {cache.v_scale.data() + kbase, v_terms == 2 ? cache.v_res_scale.data() + kbase : nullptr};
+  thread_local std::vector<float*> row_at;
+  thread_local std::vector<int> row_n;
+  row_at.resize(static_cast<size_t>(rows));
+  row_n.resize(static_cast<size_t>(rows));
   for (int r = 0; r < rows; ++r) {
     const int p = positions[static_cast<size_t>(b0) + static_cast<size_t>(r / group)];
     const int first = first_key(p) - k0;
@@ -230,7 +235,16 @@ Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
     } else {
       for (int t = first; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
     }
-    ops::Softmax(s + first, e - first);
+    row_at[static_cast<size_t>(r)] = s + first;
+    row_n[static_cast<size_t>(r)] = e - first;
+  }
+  ops::SoftmaxRows(row_at.data(), row_n.data(), rows);
+  for (int r = 0; r < rows; ++r) {
+    const int p = positions[static_cast<size_t>(b0) + static_cast<size_t>(r / group)];
+    const int first = first_key(p) - k0;
+    const int e = p + 1 - k0;
+    const size_t at = static_cast<size_t>(r) * nk;
+    const float* s = &scores[at];
     if (g_mass_stats) prob.assign(s + first, s + e);
     for (int j = 0; j < v_terms; ++j) {
       for (int t = first; t < e; ++t) pv[static_cast<size_t>(t)] = s[t] * vscale[j][t];

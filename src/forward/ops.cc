@@ -72,6 +72,59 @@ void Softmax(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] = x[i] / s;
 }
 
+namespace {
+
+float RowMax(const float* x, int n) {
+  // Eight chains; NaN never wins a comparison, as in Softmax's loop, unless it is x[0] (a
+  // row holding NaN ends non-finite either way, and is refused downstream).
+  float m[8];
+  for (float& v : m) v = x[0];
+  int i = 1;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j)
+      if (x[i + j] > m[j]) m[j] = x[i + j];
+  for (; i < n; ++i)
+    if (x[i] > m[0]) m[0] = x[i];
+  float r = m[0];
+  for (int j = 1; j < 8; ++j)
+    if (m[j] > r) r = m[j];
+  return r;
+}
+
+}  // namespace
+
+void SoftmaxRows(float* const* rows_at, const int* n, int rows) {
+  for (int r = 0; r < rows; ++r) {
+    float* x = rows_at[r];
+    const float m = RowMax(x, n[r]);
+    for (int i = 0; i < n[r]; ++i) x[i] = x[i] - m;
+    detmath::ExpN(x, n[r]);
+  }
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    const int g = rows - r0 < 4 ? rows - r0 : 4;
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int common = n[r0];
+    for (int j = 1; j < g; ++j) common = n[r0 + j] < common ? n[r0 + j] : common;
+    if (g == 4) {
+      const float *x0 = rows_at[r0], *x1 = rows_at[r0 + 1], *x2 = rows_at[r0 + 2], *x3 = rows_at[r0 + 3];
+      for (int i = 0; i < common; ++i) {
+        s[0] += x0[i];
+        s[1] += x1[i];
+        s[2] += x2[i];
+        s[3] += x3[i];
+      }
+    } else {
+      for (int j = 0; j < g; ++j)
+        for (int i = 0; i < common; ++i) s[j] += rows_at[r0 + j][i];
+    }
+    for (int j = 0; j < g; ++j) {
+      float* x = rows_at[r0 + j];
+      for (int i = common; i < n[r0 + j]; ++i) s[j] += x[i];
+      for (int i = 0; i < n[r0 + j]; ++i) x[i] = x[i] / s[j];
+    }
+  }
+}
+
 int64_t FirstNonFinite(const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     // Exponent all ones = inf or NaN; a bit test stays correct whatever the FP flags.

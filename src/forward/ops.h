@@ -28,6 +28,11 @@ float GeluNew(float x);
 // Softmax of x[0..n) in place: m = max; e_i = Exp(x_i - m); s = sum e_i in index order;
 // x_i = e_i / s. n >= 1, x finite.
 void Softmax(float* x, int n);
+// Softmax of `rows` rows at once, row r being rows_at[r][0..n[r]): the bits of Softmax on
+// each row. The maximum is taken in 8 interleaved chains (a maximum does not round, and Exp
+// gives the same for -0 and +0), and the sums of 4 rows run interleaved, each still in its
+// own index order, so the adds of one row wait on each other but not on the other rows'.
+void SoftmaxRows(float* const* rows_at, const int* n, int rows);
 
 // Index of the first non-finite value of x[0..n), or -1.
 int64_t FirstNonFinite(const float* x, int64_t n);

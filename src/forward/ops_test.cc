@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <vector>
 
@@ -173,6 +175,42 @@ TEST(Ops, SoftmaxMatchesDoubleReference) {
   std::vector<float> one = {123.0f};
   ops::Softmax(one.data(), 1);
   EXPECT_EQ(one[0], 1.0f);
+}
+
+// SoftmaxRows gives Softmax's bits on every row: rows of different lengths (1 to 300, so
+// the 4-row groups end at different places), a row count that is not a multiple of 4, a
+// group of four long rows (255 to 290: a sum taken in another order rounds differently, so
+// it shows; reversing one row's interleaved sum fails here), and maxima that tie between
+// +0 and -0.
+TEST(Ops, SoftmaxRowsEqualsSoftmaxOnEveryRowBitForBit) {
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<float>(static_cast<int>(state >> 40) % 20000) / 1000.0f - 10.0f;
+  };
+  const int lengths[] = {1, 2, 300, 17, 255, 256, 290, 264, 3, 128, 1, 299, 77};
+  std::vector<std::vector<float>> rows, want;
+  for (int n : lengths) {
+    std::vector<float> r(static_cast<size_t>(n));
+    for (float& v : r) v = next();
+    rows.push_back(r);
+  }
+  rows[4].assign(255, -1.0f);  // the maximum is 0, first -0 then +0
+  rows[4][3] = -0.0f;
+  rows[4][200] = 0.0f;
+  rows[4][250] = -0.0f;
+  std::vector<float*> at;
+  std::vector<int> n;
+  for (auto& r : rows) {
+    want.push_back(r);
+    ops::Softmax(want.back().data(), static_cast<int>(r.size()));
+    at.push_back(r.data());
+    n.push_back(static_cast<int>(r.size()));
+  }
+  ops::SoftmaxRows(at.data(), n.data(), static_cast<int>(rows.size()));
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (size_t i = 0; i < rows[r].size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(rows[r][i]), std::bit_cast<uint32_t>(want[r][i])) << "row " << r << " at " << i;
 }
 
 TEST(Ops, FirstNonFinite) {
