@@ -291,7 +291,23 @@ void PackedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, con
       const int cols = col_end - j < kPackCols ? col_end - j : kPackCols;
       Pack16(w, j, cols < 16 ? cols : 16, pk);
       Pack16(w, j + 16, cols > 16 ? cols - 16 : 0, pk + 16);
+      // The next column tile's weight rows are read from memory by the next Pack16: ask for
+      // them a slice per row tile now, into L2, so that read overlaps this tile's products.
+      const int next_rows = col_end - (j + kPackCols) < kPackCols ? col_end - (j + kPackCols) : kPackCols;
+      const int lines_per_row = (k + 63) / 64;
+      const int lines = next_rows > 0 ? next_rows * lines_per_row : 0;
+      const int row_tiles = (p1 - p0 + kPackRows - 1) / kPackRows;
+      const int per_tile = (lines + row_tiles - 1) / row_tiles;
+      int line = 0;
       for (int i0 = p0; i0 < p1; i0 += kPackRows) {
+        for (int e = 0; e < per_tile && line < lines; ++e, ++line) {
+          // An address, not a pointer: the last line may reach past the matrix (see Tile).
+          const uintptr_t at = reinterpret_cast<uintptr_t>(w.q) +
+                               static_cast<uintptr_t>(j + kPackCols + line / lines_per_row) * w.ld +
+                               static_cast<uintptr_t>(line % lines_per_row) * 64;
+          // NOLINTNEXTLINE(performance-no-int-to-ptr)
+          _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T1);
+        }
         const int rows = p1 - i0 < kPackRows ? p1 - i0 : kPackRows;
         // Rows past the last repeat it: valid memory, results discarded.
         const int8_t* xr[kPackRows];
