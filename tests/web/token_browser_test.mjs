@@ -11,8 +11,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, env, freePort, getJSON, importPackage, killOnSignals, requireChromium, requireFile, runTest, tempDir,
-  waitForServe,
+  Procs, check, env, finish, freePort, getJSON, importPackage, killOnSignals, requireChromium, requireFile, runTest,
+  tempDir, waitForServe,
 } from './lib.mjs';
 
 const E = env();
@@ -104,14 +104,6 @@ await runTest('token_browser_test', async () => {
     check(pageErrors.length === 0, 'the page threw:\n' + pageErrors.join('\n'));
     ok = true;
   } finally {
-    if (browser) await browser.close().catch(() => {});
-    await procs.stopAll();
-    if (!ok) {
-      for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
-      if (pageErrors.length) console.error('---- page errors ----\n' + pageErrors.join('\n'));
-      console.error(`logs kept in ${tmp}`);
-    } else {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
+    await finish({ browser, procs, tmp, ok, pageErrors });
   }
 });
