@@ -299,6 +299,47 @@ Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
   return Status::Ok();
 }
 
+// task(t) for every t in [0, tasks) across the kernels' pool; the failure returned is that
+// of the first failing task in task order, so its message does not depend on which thread
+// finished first. The caller decides whether the work is worth the pool.
+template <typename Task>
+Status ParallelTasks(int tasks, Task& task) {
+  std::vector<Status> results(static_cast<size_t>(tasks), Status::Ok());
+  struct Ctx {
+    Task* task;
+    std::vector<Status>* results;
+  } ctx{&task, &results};
+  kernels::ParallelFor(
+      tasks,
+      [](void* c, int t) {
+        const Ctx& k = *static_cast<const Ctx*>(c);
+        (*k.results)[static_cast<size_t>(t)] = (*k.task)(t);
+      },
+      &ctx);
+  for (Status& st : results) DAISY_RETURN_IF_ERROR(std::move(st));
+  return Status::Ok();
+}
+
+// body(i) for every row i in [0, n). A prefill's rows run in tasks of kRowsPerTask across
+// the pool (the norms, RoPE and the cache's quantization were serial work while the other
+// threads waited); a decode step's few rows stay on the caller, where waking the pool costs
+// more than it saves. Every row's bits are the same on any thread; a failure is that of the
+// first failing row in row order.
+template <typename Body>
+Status ForRows(int n, Body& body) {
+  constexpr int kRowsPerTask = 16;
+  if (n < 2 * kRowsPerTask || kernels::Threads() <= 1) {
+    for (int i = 0; i < n; ++i) DAISY_RETURN_IF_ERROR(body(i));
+    return Status::Ok();
+  }
+  auto rows = [&](int t) -> Status {
+    const int end = std::min(n, (t + 1) * kRowsPerTask);
+    for (int i = t * kRowsPerTask; i < end; ++i) DAISY_RETURN_IF_ERROR(body(i));
+    return Status::Ok();
+  };
+  return ParallelTasks((n + kRowsPerTask - 1) / kRowsPerTask, rows);
+}
+
 // Causal attention of one layer for the batch, reading keys and values from the cache
 // (which already holds this batch's). q (n, n_heads * head_dim) after RoPE; att the same.
 // See docs/KERNELS.md "Attention and the KV cache" for why each step is batch-independent.
@@ -321,25 +362,8 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
       for (int g = 0; g < spec.n_kv_heads; ++g) DAISY_RETURN_IF_ERROR(AttendHeadBlock(args, g, b * kQueryBlock));
     return Status::Ok();
   }
-  struct Task {
-    const AttentionArgs* args;
-    int n_kv_heads;
-    std::vector<Status>* results;
-  };
-  std::vector<Status> results(static_cast<size_t>(tasks), Status::Ok());
-  Task task{&args, spec.n_kv_heads, &results};
-  kernels::ParallelFor(
-      tasks,
-      [](void* ctx_ptr, int t) {
-        const Task& k = *static_cast<const Task*>(ctx_ptr);
-        (*k.results)[static_cast<size_t>(t)] =
-            AttendHeadBlock(*k.args, t % k.n_kv_heads, t / k.n_kv_heads * kQueryBlock);
-      },
-      &task);
-  // The error of the first piece in the serial order, so the message does not depend on
-  // which thread finished first.
-  for (Status& st : results) DAISY_RETURN_IF_ERROR(std::move(st));
-  return Status::Ok();
+  auto piece = [&](int t) { return AttendHeadBlock(args, t % spec.n_kv_heads, t / spec.n_kv_heads * kQueryBlock); };
+  return ParallelTasks(tasks, piece);
 }
 
 // The MLP's activation for n rows: act (n, ffn) = silu(gate) * up (gated) or act(gate),
@@ -385,43 +409,6 @@ void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* ac
   } else {
     kernels::ParallelFor(n * chunks, fn, &task);
   }
-}
-
-// body(i) for every row i in [0, n). A prefill's rows run in tasks of kRowsPerTask across
-// the kernels' pool (the norms, RoPE and the cache's quantization were serial work while the
-// other threads waited); a decode step's few rows stay on the caller, where waking the pool
-// costs more than it saves. Every row's bits are the same on any thread; a failure is that
-// of the first failing row in row order, so its message does not depend on the threads.
-template <typename Body>
-Status ForRows(int n, Body& body) {
-  constexpr int kRowsPerTask = 16;
-  if (n < 2 * kRowsPerTask || kernels::Threads() <= 1) {
-    for (int i = 0; i < n; ++i) DAISY_RETURN_IF_ERROR(body(i));
-    return Status::Ok();
-  }
-  const int tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
-  std::vector<Status> results(static_cast<size_t>(tasks), Status::Ok());
-  struct Ctx {
-    Body* body;
-    int n;
-    std::vector<Status>* results;
-  } ctx{&body, n, &results};
-  kernels::ParallelFor(
-      tasks,
-      [](void* c, int t) {
-        const Ctx& k = *static_cast<const Ctx*>(c);
-        const int end = std::min(k.n, (t + 1) * kRowsPerTask);
-        for (int i = t * kRowsPerTask; i < end; ++i) {
-          Status st = (*k.body)(i);
-          if (!st.ok()) {
-            (*k.results)[static_cast<size_t>(t)] = std::move(st);
-            return;
-          }
-        }
-      },
-      &ctx);
-  for (Status& st : results) DAISY_RETURN_IF_ERROR(std::move(st));
-  return Status::Ok();
 }
 
 // One transformer block over the batch, in place.
