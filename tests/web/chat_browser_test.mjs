@@ -17,7 +17,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, env, fail, importPackage, killOnSignals, requireChromium, runTest, tempDir,
+  check, env, fail, finish, importPackage, requireChromium, runTest, testScope,
 } from './lib.mjs';
 import { chatTurn, startChatRoom } from './chat_room.mjs';
 
@@ -29,12 +29,9 @@ await runTest('chat_browser_test', async () => {
   requireChromium(E.chromium);
   const { chromium } = await importPackage('playwright-core');
   fs.mkdirSync(E.artifacts, { recursive: true });
-  const tmp = tempDir('daisy_web_chat_ui_');
-  const procs = new Procs(tmp);
-  killOnSignals(procs);
+  const { tmp, procs, pageErrors } = testScope('daisy_web_chat_ui_');
   let browser = null;
   let ok = false;
-  const pageErrors = [];
   try {
     step('serve with a chat-template copy of stories260K, and a slow node (2 stages)');
     const { base, secret, openUrl } = await startChatRoom(E, procs, tmp);
@@ -285,18 +282,6 @@ await runTest('chat_browser_test', async () => {
     check(pageErrors.length === 0, 'the page threw:\n' + pageErrors.join('\n'));
     ok = true;
   } finally {
-    if (browser) await browser.close().catch(() => {});
-    await procs.stopAll();
-    for (const p of procs.list) {
-      try { fs.copyFileSync(p.logFile, path.join(E.artifacts,
-        `chat_browser_test-${p.name}.log`)); } catch (_) { /* none */ }
-    }
-    if (!ok) {
-      for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
-      if (pageErrors.length) console.error('---- page errors ----\n' + pageErrors.join('\n'));
-      console.error(`logs kept in ${tmp}`);
-    } else {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
+    await finish({ browser, procs, tmp, ok, pageErrors, logsTo: path.join(E.artifacts, 'chat_browser_test') });
   }
 });

@@ -21,8 +21,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, env, finish, freePort, getJSON, importPackage, killOnSignals, launchChromium, nativeProbeHash,
-  requireChromium, requireFile, runTest, startServe, startTestHub, tempDir, testhubPath, waitForDevices,
+  check, env, finish, freePort, getJSON, importPackage, launchChromium, nativeProbeHash, requireChromium, requireFile,
+  runTest, startServe, startTestHub, testhubPath, testScope, waitForDevices,
 } from './lib.mjs';
 
 const E = env();
@@ -35,13 +35,10 @@ await runTest('join_browser_test', async () => {
   testhubPath(E);
   fs.mkdirSync(E.artifacts, { recursive: true });
 
-  const tmp = tempDir('daisy_web_join_');
-  const procs = new Procs(tmp);
-  killOnSignals(procs);
+  const { tmp, procs, pageErrors } = testScope('daisy_web_join_');
   let browser = null;
   let page = null;
   let ok = false;
-  const pageErrors = [];
   try {
     const port = await freePort();
     const room = 'phones' + port;

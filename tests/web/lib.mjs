@@ -284,11 +284,26 @@ export async function ended(procs, p, timeoutMs = 120000) {
   return log;
 }
 
+// The start of a browser test: its scratch folder, its children (stopped on a signal too)
+// and the page errors it collects; finish() ends them.
+export function testScope(prefix) {
+  const tmp = tempDir(prefix);
+  const procs = new Procs(tmp);
+  killOnSignals(procs);
+  return { tmp, procs, pageErrors: [] };
+}
+
 // The end of a test, whatever happened: the browser closed, the children stopped; on a
 // failure their logs' tails and the page errors printed and `tmp` kept, else removed.
-export async function finish({ browser, procs, tmp, ok, pageErrors = [] }) {
+// `logsTo`: also copy each child's whole log to `${logsTo}-<name>.log` (a test's artifacts).
+export async function finish({ browser, procs, tmp, ok, pageErrors = [], logsTo = '' }) {
   if (browser) await browser.close().catch(() => {});
   await procs.stopAll();
+  if (logsTo) {
+    for (const p of procs.list) {
+      try { fs.copyFileSync(p.logFile, `${logsTo}-${p.name}.log`); } catch (_) { /* none */ }
+    }
+  }
   if (!ok) {
     for (const p of procs.list) console.error(`---- ${p.name} log (tail) ----\n${procs.tail(p.name, 40)}`);
     if (pageErrors.length) console.error('---- page errors ----\n' + pageErrors.join('\n'));

@@ -18,8 +18,8 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, SOURCE_DIR, check, env, fail, finish, freePort, getJSON, importPackage, killOnSignals, launchChromium,
-  requireChromium, requireFile, runTest, startServe, tempDir,
+  SOURCE_DIR, check, env, fail, finish, freePort, getJSON, importPackage, launchChromium, requireChromium,
+  requireFile, runTest, startServe, testScope,
 } from './lib.mjs';
 
 const E = env();
@@ -49,12 +49,9 @@ await runTest('qr_browser_test', async () => {
   requireFile(E.bin, 'the daisychain binary', 'build it first (cmake --build build), or set DAISY_BIN_DIR');
   fs.mkdirSync(E.artifacts, { recursive: true });
 
-  const tmp = tempDir('daisy_web_qr_');
-  const procs = new Procs(tmp);
-  killOnSignals(procs);
+  const { tmp, procs, pageErrors } = testScope('daisy_web_qr_');
   let browser = null;
   let ok = false;
-  const pageErrors = [];
   try {
     const home = path.join(tmp, 'serve');
     fs.mkdirSync(home, { recursive: true });

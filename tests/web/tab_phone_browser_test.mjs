@@ -22,9 +22,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, cli, ended, env, fail, finish, freePort, getJSON, importPackage, inRoom, killOnSignals, lastJson,
-  launchChromium, postJSON, requireChromium, requireFile, runTest, startServe, startTestHub, tempDir, testhubPath,
-  waitFor, waitForDevices,
+  check, cli, ended, env, fail, finish, freePort, getJSON, importPackage, inRoom, lastJson, launchChromium, postJSON,
+  requireChromium, requireFile, runTest, startServe, startTestHub, testhubPath, testScope, waitFor, waitForDevices,
 } from './lib.mjs';
 
 const E = env();
@@ -50,12 +49,9 @@ await runTest('tab_phone_browser_test', async () => {
   testhubPath(E);
   fs.mkdirSync(E.artifacts, { recursive: true });
 
-  const tmp = tempDir('daisy_web_tabphone_');
-  const procs = new Procs(tmp);
-  killOnSignals(procs);
+  const { tmp, procs, pageErrors } = testScope('daisy_web_tabphone_');
   let browser = null;
   let ok = false;
-  const pageErrors = [];
   try {
     const step = (s) => console.log(`-- ${s}`);
     const stories = path.join(E.models, 'stories260K');

@@ -17,9 +17,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, cli, ended, env, finish, freePort, getJSON, importPackage, inRoom, killOnSignals, lastJson,
-  launchChromium, nativeProbeHash, postJSON, requireChromium, requireFile, runTest, startServe, startTestHub, tempDir,
-  testhubPath, waitFor, waitForDevices,
+  check, cli, ended, env, finish, freePort, getJSON, importPackage, inRoom, lastJson, launchChromium, nativeProbeHash,
+  postJSON, requireChromium, requireFile, runTest, startServe, startTestHub, testhubPath, testScope, waitFor,
+  waitForDevices,
 } from './lib.mjs';
 
 const E = env();
@@ -37,12 +37,9 @@ await runTest('tab_ring_browser_test', async () => {
     'build it (cmake --build build --target daisychain_faulty)');
   fs.mkdirSync(E.artifacts, { recursive: true });
 
-  const tmp = tempDir('daisy_web_tabring_');
-  const procs = new Procs(tmp);
-  killOnSignals(procs);
+  const { tmp, procs, pageErrors } = testScope('daisy_web_tabring_');
   let browser = null;
   let ok = false;
-  const pageErrors = [];
   try {
     const step = (s) => console.log(`-- ${s}`);
     const stories = path.join(E.models, 'stories260K');

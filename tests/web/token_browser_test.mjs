@@ -11,8 +11,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, env, finish, freePort, getJSON, importPackage, killOnSignals, requireChromium, requireFile, runTest,
-  tempDir, waitForServe,
+  check, env, finish, freePort, getJSON, importPackage, requireChromium, requireFile, runTest, testScope,
+  waitForServe,
 } from './lib.mjs';
 
 const E = env();
@@ -26,12 +26,9 @@ await runTest('token_browser_test', async () => {
   requireFile(testhub, 'the test Hub server', 'build it first (cmake --build build --target testhub)');
   fs.mkdirSync(E.artifacts, { recursive: true });
 
-  const tmp = tempDir('daisy_web_token_');
-  const procs = new Procs(tmp);
-  killOnSignals(procs);
+  const { tmp, procs, pageErrors } = testScope('daisy_web_token_');
   let browser = null;
   let ok = false;
-  const pageErrors = [];
   try {
     fs.cpSync(path.join(E.models, 'stories260K'), path.join(tmp, 'repos', 'acme', 'gated'), { recursive: true });
     const hubPort = await freePort();
