@@ -12,8 +12,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Procs, check, env, fail, freePort, importPackage, killOnSignals, requireChromium, requireFile, runTest,
-  tempDir, waitForServe,
+  Procs, check, collectErrors, env, fail, freePort, importPackage, killOnSignals, requireChromium, requireFile,
+  runTest, tempDir, waitForServe,
 } from './lib.mjs';
 
 const E = env();
@@ -69,7 +69,7 @@ await runTest('browser_test', async () => {
     const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
     const page = await context.newPage();
     page.setDefaultTimeout(30000);
-    page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+    collectErrors(page, pageErrors);
     page.on('console', (m) => { if (m.type() === 'error') console.log('[browser console] ' + m.text()); });
 
     const step = (s) => console.log(`-- ${s}`);

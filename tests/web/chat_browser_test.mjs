@@ -17,7 +17,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  check, env, fail, finish, importPackage, requireChromium, runTest, testScope,
+  check, collectErrors, env, fail, finish, importPackage, requireChromium, runTest, testScope,
 } from './lib.mjs';
 import { chatTurn, startChatRoom } from './chat_room.mjs';
 
@@ -44,7 +44,7 @@ await runTest('chat_browser_test', async () => {
     await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: base });
     const page = await context.newPage();
     page.setDefaultTimeout(30000);
-    page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+    collectErrors(page, pageErrors);
     page.on('console', (m) => { if (m.type() === 'error') console.log('[browser console] ' + m.text()); });
 
     step('open the UI');

@@ -21,8 +21,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  check, env, finish, freePort, getJSON, importPackage, launchChromium, nativeProbeHash, requireChromium, requireFile,
-  runTest, startServe, startTestHub, testhubPath, testScope, waitForDevices,
+  check, collectErrors, env, finish, freePort, getJSON, importPackage, launchChromium, nativeProbeHash,
+  requireChromium, requireFile, runTest, signIn, startServe, startTestHub, testhubPath, testScope, waitForDevices,
 } from './lib.mjs';
 
 const E = env();
@@ -70,7 +70,7 @@ await runTest('join_browser_test', async () => {
     const phone = await browser.newContext({ viewport: { width: 360, height: 800 }, isMobile: true, hasTouch: true });
     page = await phone.newPage();
     page.setDefaultTimeout(30000);
-    page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+    collectErrors(page, pageErrors);
     page.on('console', (m) => { if (m.type() === 'error') console.log('[join page] ' + m.text()); });
 
     step('the join page at 360 px');
@@ -102,9 +102,8 @@ await runTest('join_browser_test', async () => {
 
     step('the host approves it in the UI');
     const host = await (await browser.newContext({ viewport: { width: 1280, height: 900 } })).newPage();
-    host.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
-    await host.goto(`${base}/?token=${secret}`);
-    await host.waitForURL(base + '/', { timeout: 15000 });
+    collectErrors(host, pageErrors);
+    await signIn(host, base, secret);
     await host.locator(`.approve-btn[data-id="${myId}"]`).click();
     await page.locator('#join-status[data-state="approved"]').waitFor();
     check((await page.locator('#join-status').innerText()).includes('Approved'), 'the page does not say approved');

@@ -293,6 +293,17 @@ export function testScope(prefix) {
   return { tmp, procs, pageErrors: [] };
 }
 
+// A page's uncaught errors, kept for the end of the test (a test fails when any were seen).
+export function collectErrors(page, pageErrors) {
+  page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+}
+
+// The UI signed in as the admin: the one-time link, then the clean URL it redirects to.
+export async function signIn(page, base, secret) {
+  await page.goto(`${base}/?token=${secret}`);
+  await page.waitForURL(base + '/', { timeout: 15000 });
+}
+
 // The end of a test, whatever happened: the browser closed, the children stopped; on a
 // failure their logs' tails and the page errors printed and `tmp` kept, else removed.
 // `logsTo`: also copy each child's whole log to `${logsTo}-<name>.log` (a test's artifacts).

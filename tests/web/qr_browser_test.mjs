@@ -18,8 +18,8 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  SOURCE_DIR, check, env, fail, finish, freePort, getJSON, importPackage, launchChromium, requireChromium,
-  requireFile, runTest, startServe, testScope,
+  SOURCE_DIR, check, collectErrors, env, fail, finish, freePort, getJSON, importPackage, launchChromium,
+  requireChromium, requireFile, runTest, signIn, startServe, testScope,
 } from './lib.mjs';
 
 const E = env();
@@ -64,10 +64,9 @@ await runTest('qr_browser_test', async () => {
     const context = await browser.newContext({ viewport: { width: 360, height: 800 }, deviceScaleFactor: 1 });
     const page = await context.newPage();
     page.setDefaultTimeout(30000);
-    page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+    collectErrors(page, pageErrors);
     const step = (s) => console.log(`-- ${s}`);
-    await page.goto(`${base}/?token=${secret}`);
-    await page.waitForURL(base + '/', { timeout: 15000 });
+    await signIn(page, base, secret);
 
     step('"Use this device" and the code on the page');
     const joinUrl = base + '/join';

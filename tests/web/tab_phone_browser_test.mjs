@@ -22,8 +22,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  check, cli, ended, env, fail, finish, freePort, getJSON, importPackage, inRoom, lastJson, launchChromium, postJSON,
-  requireChromium, requireFile, runTest, startServe, startTestHub, testhubPath, testScope, waitFor, waitForDevices,
+  check, cli, collectErrors, ended, env, fail, finish, freePort, getJSON, importPackage, inRoom, lastJson,
+  launchChromium, postJSON, requireChromium, requireFile, runTest, startServe, startTestHub, testhubPath, testScope,
+  waitFor, waitForDevices,
 } from './lib.mjs';
 
 const E = env();
@@ -97,7 +98,7 @@ await runTest('tab_phone_browser_test', async () => {
     });
     const page = await ctx.newPage();
     page.setDefaultTimeout(60000);
-    page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+    collectErrors(page, pageErrors);
     page.on('console', (m) => { if (m.type() === 'error') console.log(`[tab] ${m.text()}`); });
     // Every frame of the link, both ways (ciphertext: this shows no plaintext channel carries T).
     const frames = [];

@@ -17,9 +17,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  check, cli, ended, env, finish, freePort, getJSON, importPackage, inRoom, lastJson, launchChromium, nativeProbeHash,
-  postJSON, requireChromium, requireFile, runTest, startServe, startTestHub, testhubPath, testScope, waitFor,
-  waitForDevices,
+  check, cli, collectErrors, ended, env, finish, freePort, getJSON, importPackage, inRoom, lastJson, launchChromium,
+  nativeProbeHash, postJSON, requireChromium, requireFile, runTest, startServe, startTestHub, testhubPath, testScope,
+  waitFor, waitForDevices,
 } from './lib.mjs';
 
 const E = env();
@@ -84,7 +84,7 @@ await runTest('tab_ring_browser_test', async () => {
     async function tabPage(ctx, name, keyPair) {
       const page = await ctx.newPage();
       page.setDefaultTimeout(60000);
-      page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+      collectErrors(page, pageErrors);
       page.on('console', (m) => { if (m.type() === 'error') console.log(`[${name}] ${m.text()}`); });
       if (keyPair)
         await page.addInitScript((k) => localStorage.setItem('daisy_tab_key_v1', k), JSON.stringify(keyPair));

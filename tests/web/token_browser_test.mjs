@@ -11,8 +11,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  check, env, finish, freePort, getJSON, importPackage, requireChromium, requireFile, runTest, testScope,
-  waitForServe,
+  check, collectErrors, env, finish, freePort, getJSON, importPackage, requireChromium, requireFile, runTest, signIn,
+  testScope, waitForServe,
 } from './lib.mjs';
 
 const E = env();
@@ -52,10 +52,9 @@ await runTest('token_browser_test', async () => {
     const context = await browser.newContext({ viewport: { width: 360, height: 800 } });
     const page = await context.newPage();
     page.setDefaultTimeout(30000);
-    page.on('pageerror', (e) => pageErrors.push(String(e && e.stack ? e.stack : e)));
+    collectErrors(page, pageErrors);
     const step = (s) => console.log(`-- ${s}`);
-    await page.goto(`${base}/?token=${secret}`);
-    await page.waitForURL(base + '/', { timeout: 15000 });
+    await signIn(page, base, secret);
 
     step('load the gated repo without a token');
     check(await page.locator('#token-form').isHidden(), 'the token field shows before any refusal');
