@@ -94,9 +94,12 @@ TEST(Forward, ChunkedPrefillEqualsOneShot) {
   }
 }
 
-// A long prefill runs attention's (KV head, query block) pieces across the kernels' pool;
-// decode steps and one thread run them in order. Same bits: one-shot on 3 threads, one-shot
-// on 1 thread and token by token must agree (with and without a sliding window).
+// A long prefill runs attention's (KV head, query block) pieces across the kernels' pool,
+// and so does a decode step past a short context (its KV heads); one thread runs them in
+// order. Same bits: one-shot on 3 threads, one-shot on 1 thread and token by token on 1 and
+// on 3 threads must agree (with and without a sliding window). In the wide model the decode
+// steps from position 256 on have enough work (8 heads x 32 dimensions x keys >= 2^16) to
+// run across the pool.
 TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
   ModelSpec s = TinyLlamaSpec(2);
   s.max_positions = 512;
@@ -105,8 +108,12 @@ TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
   windowed.use_sliding_window = true;
   windowed.sliding_window = 100;
   windowed.max_window_layers = 1;
+  ModelSpec wide = s;
+  wide.hidden = 256;
+  wide.n_heads = 8;
+  wide.head_dim = 32;
   const int before = kernels::Threads();
-  for (const ModelSpec& spec : {s, windowed}) {
+  for (const ModelSpec& spec : {s, windowed, wide}) {
     const HostTensors t = RandomTensors(spec, 21);
     const std::vector<int32_t> ids = Prompt(spec, 300, 22);  // three query blocks of 128
     kernels::SetThreads(3);
@@ -117,9 +124,13 @@ TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
     const std::vector<float> serial = AllLogits(b.head(), ids, 300);
     LocalPipeline c = MustPipeline(spec, t, {1, 1}, 512);
     const std::vector<float> stepwise = AllLogits(c.head(), ids, 1);
+    kernels::SetThreads(3);
+    LocalPipeline d = MustPipeline(spec, t, {spec.n_layers}, 512);
+    const std::vector<float> stepwise_pooled = AllLogits(d.head(), ids, 1);
     ASSERT_EQ(pooled.size(), static_cast<size_t>(300) * spec.vocab);
-    EXPECT_TRUE(SameBits(pooled, serial)) << spec.model_type;
-    EXPECT_TRUE(SameBits(pooled, stepwise)) << spec.model_type;
+    EXPECT_TRUE(SameBits(pooled, serial)) << spec.model_type << " hidden " << spec.hidden;
+    EXPECT_TRUE(SameBits(pooled, stepwise)) << spec.model_type << " hidden " << spec.hidden;
+    EXPECT_TRUE(SameBits(pooled, stepwise_pooled)) << spec.model_type << " hidden " << spec.hidden;
   }
   kernels::SetThreads(before);
 }

@@ -57,20 +57,34 @@ float UniformDraw(uint64_t seed, int64_t position) {
 
 int32_t ArgMax(std::span<const float> logits) {
   DAISY_CHECK(!logits.empty(), "Bug: ArgMax of an empty logits span");
-  // The total order of Before as one plain pass (decode runs it on every token): a strict
-  // `>` keeps the lowest id among equals, and NaN compares false, so it never wins, exactly
-  // as if it ranked as -inf (a NaN first entry is replaced by the first non-NaN above -inf).
-  int32_t best = 0;
-  float best_v = RankValue(logits[0]);
-  const int32_t n = static_cast<int32_t>(logits.size());
-  for (int32_t i = 1; i < n; ++i) {
-    const float v = logits[static_cast<size_t>(i)];
-    if (v > best_v) {
-      best = i;
-      best_v = v;
-    }
+  // The first id of the total order of Before, in two passes the compiler vectorizes (decode
+  // runs this on every token, over the whole vocabulary; a plain pass with one running best
+  // is one long dependency chain). First the largest ranking value: a strict `>` never lets
+  // NaN win, so NaN ranks as -inf. Then the first id holding it: among equals (+0 and -0
+  // compare equal) the lowest id, as Before says. When nothing ranks above -inf, every
+  // entry ties at -inf and the lowest id, 0, is first.
+  constexpr size_t kLanes = 16;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const float* l = logits.data();
+  const size_t n = logits.size();
+  float lane_max[kLanes];
+  std::fill(lane_max, lane_max + kLanes, neg_inf);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lane_max[j] = l[i + j] > lane_max[j] ? l[i + j] : lane_max[j];
+  float best_v = neg_inf;
+  for (; i < n; ++i) best_v = l[i] > best_v ? l[i] : best_v;
+  for (float v : lane_max) best_v = v > best_v ? v : best_v;
+  if (!(best_v > neg_inf)) return 0;
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    bool hit = false;  // whether this block holds best_v, without a branch per entry
+    for (size_t j = 0; j < kLanes; ++j) hit |= l[i + j] == best_v;
+    if (hit) break;
   }
-  return best;
+  for (; i < n; ++i)
+    if (l[i] == best_v) return static_cast<int32_t>(i);
+  DAISY_CHECK(false, "Bug: ArgMax lost its maximum");
+  return 0;
 }
 
 int32_t SampleToken(std::span<const float> logits, const SamplingParams& params, int64_t position) {

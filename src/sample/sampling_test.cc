@@ -72,8 +72,9 @@ TEST(SamplingTest, GreedyAtTemperatureZeroIsArgMax) {
   EXPECT_EQ(SampleToken(logits, p, 7), 1);
 }
 
-// ArgMax is one plain pass; it must pick exactly the id of the total order (logit
-// descending, NaN as -inf, then the lowest id) on inputs full of ties, NaN and infinities.
+// ArgMax (a blocked maximum, then a blocked search) must pick exactly the id of the total
+// order (logit descending, NaN as -inf, then the lowest id) on inputs full of ties, NaN and
+// infinities, at lengths below, at and across its 16-entry blocks.
 TEST(SamplingTest, ArgMaxEqualsTheTotalOrderWithTiesNanAndInfinities) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float kInf = std::numeric_limits<float>::infinity();
@@ -88,7 +89,7 @@ TEST(SamplingTest, ArgMaxEqualsTheTotalOrderWithTiesNanAndInfinities) {
   uint64_t state = 12345;
   int checked = 0;
   for (int trial = 0; trial < 20000; ++trial) {
-    const size_t n = 1 + trial % 9;  // short spans: ties and NaN at every position
+    const size_t n = 1 + trial % 53;  // ties and NaN at every position of 0 to 3 blocks and a tail
     std::vector<float> l(n);
     for (float& v : l) {
       state = state * 6364136223846793005ull + 1442695040888963407ull;
