@@ -412,9 +412,6 @@ void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* ac
   }
 }
 
-// Batches of at most this many rows (decode steps, drafts) prefetch their cache lines.
-constexpr int kPrefetchCacheRows = 8;
-
 // One transformer block over the batch, in place.
 Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, const std::vector<float>& cos,
                 const std::vector<float>& sin) {
@@ -446,24 +443,6 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     return Status::Ok();
   };
   DAISY_RETURN_IF_ERROR(ForRows(n, attn_norm));
-  // A decode step writes its key and value into cache lines last touched a whole token ago
-  // (long evicted), V transposed: one line per (KV head, dimension). Asking for them now
-  // lets those misses overlap the q/k/v product's stream instead of stalling RoPE's writes
-  // one by one after it (measured: that phase took half the time).
-  if (n <= kPrefetchCacheRows) {
-    for (int i = 0; i < n; ++i) {
-      const size_t p = static_cast<size_t>(pos[static_cast<size_t>(i)]);
-      for (size_t r = 0; r < static_cast<size_t>(s.n_kv_heads) * static_cast<size_t>(hd); ++r) {
-        __builtin_prefetch(&cache.vt[r * static_cast<size_t>(ctx) + p], 1);
-        if (!cache.vt_res.empty()) __builtin_prefetch(&cache.vt_res[r * static_cast<size_t>(ctx) + p], 1);
-      }
-      for (size_t g = 0; g < static_cast<size_t>(s.n_kv_heads); ++g) {
-        const size_t slot = g * static_cast<size_t>(ctx) + p;
-        __builtin_prefetch(&cache.k[slot * static_cast<size_t>(hd)], 1);
-        __builtin_prefetch(&cache.k_res[slot * static_cast<size_t>(hd)], 1);
-      }
-    }
-  }
   // q, k, v projections (one product)
   if (!Product(xb.data(), n, lw.qkv, qkv.data())) return NonFiniteInput("attention input", xb.data(), dim, l, pos);
   // RoPE on q and k, then k and v enter the cache, per (position, kv head): k as two int8
