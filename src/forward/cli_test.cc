@@ -202,13 +202,17 @@ TEST_F(Cli, BenchReportsThroughput) {
   EXPECT_GT(j["peak_memory_bytes"].get<double>(), 0);
   // Issue 13, item 8: the figures under their names, consistent with each other.
   for (const char* k : {"read_bandwidth_gbps", "decode_bytes_per_token", "decode_bandwidth_ratio", "gemm_gops",
-                        "prefill512_tokens_per_s", "prefill_kernel_ratio", "peak_rss_bytes", "rss_budget_bytes"}) {
+                        "prefill512_tokens_per_s", "prefill_kernel_ratio", "model_gemm_gops",
+                        "prefill_model_gemm_ratio", "peak_rss_bytes", "rss_budget_bytes"}) {
     ASSERT_TRUE(j.contains(k) && j[k].is_number()) << k << " missing from " << r.out;
     EXPECT_GT(j[k].get<double>(), 0) << k;
   }
   const double ceiling = j["read_bandwidth_gbps"].get<double>() * 1e9 / j["decode_bytes_per_token"].get<double>();
   EXPECT_NEAR(j["decode_bandwidth_ratio"].get<double>(), j["decode_tokens_per_s"].get<double>() / ceiling,
               1e-9 * j["decode_bandwidth_ratio"].get<double>() + 1e-12);
+  EXPECT_NEAR(j["prefill_model_gemm_ratio"].get<double>(),
+              j["prefill512_gops"].get<double>() / j["model_gemm_gops"].get<double>(),
+              1e-9 * j["prefill_model_gemm_ratio"].get<double>() + 1e-12);
   // stories260K: the budget is its weights + KV cache + 64 MiB
   EXPECT_EQ(j["rss_budget_bytes"].get<uint64_t>(),
             j["weight_bytes"].get<uint64_t>() + j["kv_cache_bytes"].get<uint64_t>() + (uint64_t{64} << 20));
