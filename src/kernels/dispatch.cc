@@ -68,8 +68,8 @@ constexpr int kColumnAlign = 16;
 // Blocks per thread: threads claim blocks as they come free, so a thread the OS has
 // descheduled (other processes, big.LITTLE cores) holds up at most one small block.
 constexpr int kBlocksPerThread = 4;
-// Products of at most this many x rows (a decode step's) claim columns from both ends
-// (RunFromEnds), kEndsChunk at a time.
+// Products of at most this many x rows (a decode step's) split their columns into one run
+// per thread (RunFromEnds), claimed kEndsChunk columns at a time.
 constexpr int kEndsMaxRows = 4;
 constexpr int kEndsChunk = 4 * kColumnAlign;
 
@@ -326,7 +326,7 @@ struct EndsTask {
   } ends[ThreadPool::kMaxEndSegments];
 };
 
-// Claims one chunk of segment `s` from its high or low end; false when it is empty.
+// Claims one chunk of a segment from its high or low end; false when it is empty.
 bool ClaimChunk(std::atomic<uint64_t>& ends, bool from_high, uint32_t* chunk) {
   uint64_t v = ends.load(std::memory_order_relaxed);
   for (;;) {

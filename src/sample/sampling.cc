@@ -57,9 +57,10 @@ float UniformDraw(uint64_t seed, int64_t position) {
 
 int32_t ArgMax(std::span<const float> logits) {
   DAISY_CHECK(!logits.empty(), "Bug: ArgMax of an empty logits span");
-  // The first id of the total order of Before, in two passes the compiler vectorizes (decode
-  // runs this on every token, over the whole vocabulary; a plain pass with one running best
-  // is one long dependency chain). First the largest ranking value: a strict `>` never lets
+  // The first id of the total order of Before, in two blocked passes (decode runs this on
+  // every token, over the whole vocabulary; a plain pass with one running best is one long
+  // dependency chain, the blocks give 16 independent ones). First the largest ranking
+  // value: a strict `>` never lets
   // NaN win, so NaN ranks as -inf. Then the first id holding it: among equals (+0 and -0
   // compare equal) the lowest id, as Before says. When nothing ranks above -inf, every
   // entry ties at -inf and the lowest id, 0, is first.
