@@ -517,14 +517,8 @@ TEST_F(RingTest, AFrameTamperedWithInFlightBreaksTheLinkAndTheTurnIsReplayedWith
   EXPECT_NE(last_run_log_.find("node-tampered"), std::string::npos)
       << "the first plan did not use the proxied stage: " << last_run_log_;
   EXPECT_EQ(j["replays"], 1) << last_run_log_;
-  // Seen at once, not after a stall: the link broke under a frame of the turn, or (where the
-  // flip landed in a frame sent before the assignment, which then found no connection) the
-  // assignment could not be delivered. Never "a lap stalled".
-  EXPECT_TRUE(last_run_log_.find("broke") != std::string::npos ||
-              last_run_log_.find("the turn failed: could not reach") != std::string::npos)
-      << last_run_log_;
-  EXPECT_EQ(last_run_log_.find("stalled"), std::string::npos) << last_run_log_;
-  EXPECT_EQ(j["plan"].size(), 1u) << last_run_log_;  // re-planned without it
+  EXPECT_NE(last_run_log_.find("broke"), std::string::npos) << last_run_log_;  // seen at once, not after a stall
+  EXPECT_EQ(j["plan"].size(), 1u) << last_run_log_;                            // re-planned without it
   EXPECT_TRUE(j["verified"].get<bool>()) << last_run_log_;
   EXPECT_EQ(j["ids"].get<std::vector<int>>(), want);
   // The flipped frame never reached the node's code: CURVE refused it first (without

@@ -72,6 +72,7 @@ constexpr int kBlocksPerThread = 4;
 // per thread (RunFromEnds), claimed kEndsChunk columns at a time.
 constexpr int kEndsMaxRows = 4;
 constexpr int kEndsChunk = 4 * kColumnAlign;
+constexpr int kMaxEndSegments = 32;  // at most this many threads take part in a decode product
 
 std::atomic<uint8_t> g_fault_mask{0};
 // Set in a child after fork(): the pool's workers did not survive it.
@@ -317,13 +318,12 @@ void RunColumnBlock(void* ctx, int t) {
 // computes a column changes no bit.
 struct EndsTask {
   ProductTask p;
-  int chunk;  // columns per claim (a multiple of kColumnAlign)
   int segments;
   // Each segment's [lo, hi) in chunks, packed in one word so both ends claim atomically;
   // one cache line each, so the owners' claims do not contend.
   struct alignas(64) Ends {
     std::atomic<uint64_t> v;
-  } ends[ThreadPool::kMaxEndSegments];
+  } ends[kMaxEndSegments];
 };
 
 // Claims one chunk of a segment from its high or low end; false when it is empty.
@@ -341,8 +341,8 @@ bool ClaimChunk(std::atomic<uint64_t>& ends, bool from_high, uint32_t* chunk) {
 void RunFromEnds(void* ctx, int t) {
   auto& e = *static_cast<EndsTask*>(ctx);
   auto run = [&](uint32_t c) {
-    const int c0 = static_cast<int>(c) * e.chunk;
-    const int c1 = std::min(e.p.w->n, c0 + e.chunk);
+    const int c0 = static_cast<int>(c) * kEndsChunk;
+    const int c1 = std::min(e.p.w->n, c0 + kEndsChunk);
     e.p.fn(e.p.xq, e.p.xscale, e.p.m, e.p.ldx, *e.p.w, e.p.y, e.p.ldy, c0, c1);
   };
   uint32_t c;
@@ -428,7 +428,7 @@ void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size
   }
   if (m <= kEndsMaxRows) {
     // A decode product streams its weights once: one run per thread (RunFromEnds).
-    EndsTask e{task, kEndsChunk, std::min(threads, ThreadPool::kMaxEndSegments), {}};
+    EndsTask e{task, std::min(threads, kMaxEndSegments), {}};
     const int chunks = (w.n + kEndsChunk - 1) / kEndsChunk;
     for (int s = 0; s < e.segments; ++s) {
       const auto lo = static_cast<uint64_t>(chunks * s / e.segments);

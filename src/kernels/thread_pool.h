@@ -22,8 +22,6 @@ class ThreadPool {
  public:
   using TaskFn = void (*)(void* ctx, int task);
   static constexpr int kMaxTasks = 0xFFFF;
-  // Segments a product claimed from both ends may have (dispatch.cc RunFromEnds).
-  static constexpr int kMaxEndSegments = 32;
 
   // n_threads counts the caller: n_threads - 1 workers are started.
   explicit ThreadPool(int n_threads);

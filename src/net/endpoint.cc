@@ -350,9 +350,16 @@ Status Endpoint::Send(const std::string& address, std::span<const uint8_t> frame
       s.set(zmq::sockopt::sndtimeo, static_cast<int>(std::clamp<int64_t>(left, 0, 250)));
       auto sent = s.send(zmq::const_buffer(frame.data(), frame.size()), zmq::send_flags::none);
       if (sent) return Status::Ok();
-      if (std::chrono::steady_clock::now() >= deadline)
+      if (std::chrono::steady_clock::now() >= deadline) {
+        // A connection the receiver dropped (Out drained its monitor into `dropped`, which
+        // TakeDropped hands to the ring) is a broken link, not an unknown peer: say so.
+        if (std::find(impl_->dropped.begin(), impl_->dropped.end(), address) != impl_->dropped.end())
+          return Unavailable("the link to " + address + " broke: the receiver dropped the connection (a frame that " +
+                             "fails authentication is refused by its receiver), and it did not come back within " +
+                             std::to_string(timeout_ms) + " ms");
         return Unavailable("could not reach " + address + " within " + std::to_string(timeout_ms) +
                            " ms (gone, or it does not admit this device's key)");
+      }
     }
   } catch (const zmq::error_t& e) {
     return Unavailable("sending to " + address + ": " + e.what());

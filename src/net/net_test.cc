@@ -233,7 +233,10 @@ TEST(Endpoint, OversizedFramesAreDroppedBeforeAllocation) {
   auto c = Endpoint::Bind("127.0.0.1", 0);
   (*c)->SetPeerKey(p.b->address(), p.b->public_key());
   p.b->Allow((*c)->public_key());
-  ASSERT_TRUE((*c)->Send(p.b->address(), wire::Message(wire::Token{1, 1, 7})).ok());
+  // b's I/O thread may still be reading the 256 MiB when c's handshake arrives (a CI run took
+  // over 3 s there), so c waits as long as the loop below does.
+  const Status sent = (*c)->Send(p.b->address(), wire::Message(wire::Token{1, 1, 7}), 120000);
+  ASSERT_TRUE(sent.ok()) << sent.message();
   // Read until both have happened: the token came, and the sender of the huge frame saw its
   // connection dropped (after that the frame cannot arrive). Encrypting 256 MiB takes a
   // while on a loaded machine, so no fixed wait: events, under a generous bound.
