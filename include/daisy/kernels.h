@@ -71,6 +71,13 @@ struct QuantizedMatrix {
 // is a function of this one row. r is scratch (k). False on a non-finite input.
 bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r);
 
+// ops::SoftmaxRows (src/forward/ops.h has the arithmetic) through the row operations'
+// variant in use: the same bits at every vector width.
+void SoftmaxRows(float* const* rows_at, const int* n, int rows);
+// out[j] = g[j] / (1 + detmath::Exp(-g[j])), then times u[j] when u is not null (the
+// bits of ops::Silu(g[j]) * u[j]), through the row operations' variant in use.
+void Silu(const float* g, const float* u, int n, float* out);
+
 // Quantizes w (n, k) row-major f32 (per output channel), with an optional bias (n).
 // Refuses k > kMaxK and non-finite weights, naming `what`.
 Result<QuantizedMatrix> QuantizeMatrix(std::span<const float> w, int n, int k, std::span<const float> bias,

@@ -44,6 +44,20 @@ void Norm(const ModelSpec& spec, const float* x, const std::vector<float>& w, co
     ops::RmsNorm(x, w.data(), spec.hidden, spec.norm_eps, out);
 }
 
+// Norm of rows [i0, i1) of x (rows of spec.hidden values) into the same rows of out; RMS
+// norms take several rows at once (ops::RmsNormRows: the same bits as one by one).
+void NormRows(const ModelSpec& spec, const float* x, int i0, int i1, const std::vector<float>& w,
+              const std::vector<float>& b, float* out) {
+  const size_t dim = static_cast<size_t>(spec.hidden);
+  if (spec.norm == NormType::kLayerNorm) {
+    for (int i = i0; i < i1; ++i)
+      Norm(spec, x + static_cast<size_t>(i) * dim, w, b, out + static_cast<size_t>(i) * dim);
+    return;
+  }
+  ops::RmsNormRows(x + static_cast<size_t>(i0) * dim, dim, i1 - i0, w.data(), spec.hidden, spec.norm_eps,
+                   out + static_cast<size_t>(i0) * dim);
+}
+
 // y (m, w.n) = x (m, w.k) . w^T with each row of x as `x_terms` int8 terms (1: QuantizeRow;
 // 2: kernels::QuantizeRowTwoTerms) against each of w's terms (one, or two for a narrow
 // model, model.h NarrowModel). x is quantized once; for each weight term, every x term goes
@@ -320,23 +334,16 @@ Status ParallelTasks(int tasks, Task& task) {
   return Status::Ok();
 }
 
-// body(i) for every row i in [0, n). A prefill's rows run in tasks of kRowsPerTask across
-// the pool (the norms, RoPE and the cache's quantization were serial work while the other
-// threads waited); a decode step's few rows stay on the caller, where waking the pool costs
-// more than it saves. Every row's bits are the same on any thread; a failure is that of the
-// first failing row in row order.
+// body(i0, i1) over blocks of rows covering [0, n) in order. A prefill's rows run in tasks
+// of kRowsPerTask across the pool (the norms, RoPE and the cache's quantization were serial
+// work while the other threads waited); a decode step's few rows stay on the caller, where
+// waking the pool costs more than it saves. Every row's bits are the same on any thread; a
+// failure is that of the first failing block in row order.
 template <typename Body>
-Status ForRows(int n, Body& body) {
+Status ForRowBlocks(int n, Body& body) {
   constexpr int kRowsPerTask = 16;
-  if (n < 2 * kRowsPerTask || kernels::Threads() <= 1) {
-    for (int i = 0; i < n; ++i) DAISY_RETURN_IF_ERROR(body(i));
-    return Status::Ok();
-  }
-  auto rows = [&](int t) -> Status {
-    const int end = std::min(n, (t + 1) * kRowsPerTask);
-    for (int i = t * kRowsPerTask; i < end; ++i) DAISY_RETURN_IF_ERROR(body(i));
-    return Status::Ok();
-  };
+  if (n < 2 * kRowsPerTask || kernels::Threads() <= 1) return body(0, n);
+  auto rows = [&](int t) { return body(t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask)); };
   return ParallelTasks((n + kRowsPerTask - 1) / kRowsPerTask, rows);
 }
 
@@ -363,8 +370,19 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
       for (int g = 0; g < spec.n_kv_heads; ++g) DAISY_RETURN_IF_ERROR(AttendHeadBlock(args, g, b * kQueryBlock));
     return Status::Ok();
   }
-  auto piece = [&](int t) { return AttendHeadBlock(args, t % spec.n_kv_heads, t / spec.n_kv_heads * kQueryBlock); };
-  return ParallelTasks(tasks, piece);
+  // The last query block sees the most keys: hand the pieces out from there, so the small
+  // ones fill in at the end instead of one large one running alone (the pool's threads
+  // claim tasks in order). A failure is still that of the first piece in query order.
+  std::vector<Status> results(static_cast<size_t>(tasks), Status::Ok());
+  auto piece = [&](int t) {
+    const int natural = tasks - 1 - t;  // block-major, as the serial loop above
+    results[static_cast<size_t>(natural)] =
+        AttendHeadBlock(args, natural % spec.n_kv_heads, natural / spec.n_kv_heads * kQueryBlock);
+    return Status::Ok();
+  };
+  DAISY_RETURN_IF_ERROR(ParallelTasks(tasks, piece));
+  for (Status& st : results) DAISY_RETURN_IF_ERROR(std::move(st));
+  return Status::Ok();
 }
 
 // The MLP's activation for n rows: act (n, ffn) = silu(gate) * up (gated) or act(gate),
@@ -391,18 +409,14 @@ void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* ac
     const bool silu = k.s->activation == Activation::kSilu;
     const float* g = k.hb + static_cast<size_t>(i) * k.gu;
     float* a = k.act + static_cast<size_t>(i) * ffn;
+    const float* u = k.s->gated_mlp ? g + ffn : nullptr;
     if (silu) {
-      // ops::Silu(x) = x / (1 + Exp(-x)) with the exps of the chunk taken at once (ExpN:
-      // the same bits, vectorized); the chunk's exps live in `a` until replaced.
-      for (int j = j0; j < j1; ++j) a[j] = -g[j];
-      detmath::ExpN(a + j0, j1 - j0);
-      for (int j = j0; j < j1; ++j) a[j] = g[j] / (1.0f + a[j]);
+      // ops::Silu(x) * up, vectorized per CPU (kernels::Silu: the same bits)
+      kernels::Silu(g + j0, u == nullptr ? nullptr : u + j0, j1 - j0, a + j0);
     } else {
       for (int j = j0; j < j1; ++j) a[j] = ops::GeluNew(g[j]);
-    }
-    if (k.s->gated_mlp) {
-      const float* u = g + ffn;
-      for (int j = j0; j < j1; ++j) a[j] = a[j] * u[j];
+      if (u != nullptr)
+        for (int j = j0; j < j1; ++j) a[j] = a[j] * u[j];
     }
   };
   if (int64_t{n} * s.intermediate < kMinParallel) {
@@ -438,52 +452,77 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   float* const xb_rows = xb.data();
   float* const qkv_rows = qkv.data();
   // attention norm
-  auto attn_norm = [&](int i) {
-    Norm(s, x + static_cast<size_t>(i) * dim, lw.attn_norm, lw.attn_norm_bias, xb_rows + static_cast<size_t>(i) * dim);
+  auto attn_norm = [&](int i0, int i1) {
+    NormRows(s, x, i0, i1, lw.attn_norm, lw.attn_norm_bias, xb_rows);
     return Status::Ok();
   };
-  DAISY_RETURN_IF_ERROR(ForRows(n, attn_norm));
+  DAISY_RETURN_IF_ERROR(ForRowBlocks(n, attn_norm));
   // q, k, v projections (one product)
   if (!Product(xb.data(), n, lw.qkv, qkv.data())) return NonFiniteInput("attention input", xb.data(), dim, l, pos);
   // RoPE on q and k, then k and v enter the cache, per (position, kv head): k as two int8
   // terms (the second quantizes the first's residual, computed in f32 element by element), v
-  // as one (two in a narrow model), transposed. Rows write disjoint cache slots.
+  // as one (two in a narrow model), transposed. Rows run in blocks that end on multiples of
+  // kVBlock positions: a block's v rows are quantized into scratch, then written as one run
+  // of positions per (kv head, dimension), so one cache line of the transposed v is written
+  // by one thread, once (row by row, every row wrote a byte to head_dim * kv_heads lines
+  // ctx bytes apart, which also share one L1 set). Blocks write disjoint cache slots.
   const bool v_two_terms = !cache.vt_res.empty();
-  auto rope_and_cache = [&](int i) -> Status {
-    float* row = qkv_rows + static_cast<size_t>(i) * qkv_dim;
-    if (!s.learned_positions) {
-      const float* c = &cos[static_cast<size_t>(i) * half];
-      const float* sn = &sin[static_cast<size_t>(i) * half];
-      for (int hh = 0; hh < s.n_heads + s.n_kv_heads; ++hh) ops::Rope(row + hh * hd, hd, c, sn);
-    }
-    // Scratch per thread (rows may run on any of the pool's threads).
+  constexpr int kVBlock = 64;
+  const int p0 = pos[0];
+  const int first_block_rows = std::min(n, kVBlock - p0 % kVBlock);
+  const int blocks = 1 + (n - first_block_rows + kVBlock - 1) / kVBlock;
+  auto rope_and_cache = [&](int b) -> Status {
+    const int i0 = b == 0 ? 0 : first_block_rows + (b - 1) * kVBlock;
+    const int i1 = b == 0 ? first_block_rows : std::min(n, i0 + kVBlock);
+    const int rows = i1 - i0;
+    // Scratch per thread (blocks may run on any of the pool's threads).
     thread_local std::vector<int8_t> vq, vq_res;
     thread_local std::vector<float> kr;
-    vq.resize(static_cast<size_t>(hd));
-    vq_res.resize(static_cast<size_t>(hd));
+    vq.resize(static_cast<size_t>(kv_dim) * kVBlock);
+    vq_res.resize(static_cast<size_t>(kv_dim) * kVBlock);
     kr.resize(static_cast<size_t>(hd));
-    const int p = pos[static_cast<size_t>(i)];
-    const float* krow = row + q_dim;
-    const float* vrow = krow + kv_dim;
-    for (int g = 0; g < s.n_kv_heads; ++g) {
-      const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
-      const float* key = krow + g * hd;
-      if (!kernels::QuantizeRowTwoTerms(key, hd, &cache.k[slot * hd], &cache.k_scale[slot], &cache.k_res[slot * hd],
-                                        &cache.k_res_scale[slot], kr.data()))
-        return DataLoss(At(l, p) + ": non-finite key; refused");
-      const bool v_ok = v_two_terms ? kernels::QuantizeRowTwoTerms(vrow + g * hd, hd, vq.data(), &cache.v_scale[slot],
-                                                                   vq_res.data(), &cache.v_res_scale[slot], kr.data())
-                                    : kernels::QuantizeRow(vrow + g * hd, hd, vq.data(), &cache.v_scale[slot]);
-      if (!v_ok) return DataLoss(At(l, p) + ": non-finite value; refused");
-      for (int d = 0; d < hd; ++d) {
-        const size_t at = (static_cast<size_t>(g) * hd + static_cast<size_t>(d)) * ctx + static_cast<size_t>(p);
-        cache.vt[at] = vq[static_cast<size_t>(d)];
-        if (v_two_terms) cache.vt_res[at] = vq_res[static_cast<size_t>(d)];
+    for (int i = i0; i < i1; ++i) {
+      float* row = qkv_rows + static_cast<size_t>(i) * qkv_dim;
+      if (!s.learned_positions) {
+        const float* c = &cos[static_cast<size_t>(i) * half];
+        const float* sn = &sin[static_cast<size_t>(i) * half];
+        for (int hh = 0; hh < s.n_heads + s.n_kv_heads; ++hh) ops::Rope(row + hh * hd, hd, c, sn);
+      }
+      const int p = pos[static_cast<size_t>(i)];
+      const float* krow = row + q_dim;
+      const float* vrow = krow + kv_dim;
+      for (int g = 0; g < s.n_kv_heads; ++g) {
+        const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
+        const float* key = krow + g * hd;
+        if (!kernels::QuantizeRowTwoTerms(key, hd, &cache.k[slot * hd], &cache.k_scale[slot], &cache.k_res[slot * hd],
+                                          &cache.k_res_scale[slot], kr.data()))
+          return DataLoss(At(l, p) + ": non-finite key; refused");
+        // this row's v, at row (i - i0) of the block: (i - i0) * kv_dim + g * hd
+        int8_t* vb = &vq[static_cast<size_t>(i - i0) * kv_dim + static_cast<size_t>(g) * hd];
+        int8_t* vb_res = &vq_res[static_cast<size_t>(i - i0) * kv_dim + static_cast<size_t>(g) * hd];
+        const bool v_ok = v_two_terms ? kernels::QuantizeRowTwoTerms(vrow + g * hd, hd, vb, &cache.v_scale[slot],
+                                                                     vb_res, &cache.v_res_scale[slot], kr.data())
+                                      : kernels::QuantizeRow(vrow + g * hd, hd, vb, &cache.v_scale[slot]);
+        if (!v_ok) return DataLoss(At(l, p) + ": non-finite value; refused");
+      }
+    }
+    // v transposed: cache.vt[(g * hd + d) * ctx + p] for the block's positions, a run each
+    const int pb = pos[static_cast<size_t>(i0)];
+    for (int c = 0; c < kv_dim; ++c) {
+      int8_t* dst = &cache.vt[static_cast<size_t>(c) * ctx + static_cast<size_t>(pb)];
+      for (int r = 0; r < rows; ++r) dst[r] = vq[static_cast<size_t>(r) * kv_dim + static_cast<size_t>(c)];
+      if (v_two_terms) {
+        int8_t* dst_res = &cache.vt_res[static_cast<size_t>(c) * ctx + static_cast<size_t>(pb)];
+        for (int r = 0; r < rows; ++r) dst_res[r] = vq_res[static_cast<size_t>(r) * kv_dim + static_cast<size_t>(c)];
       }
     }
     return Status::Ok();
   };
-  DAISY_RETURN_IF_ERROR(ForRows(n, rope_and_cache));
+  if (blocks <= 1 || kernels::Threads() <= 1) {
+    for (int b = 0; b < blocks; ++b) DAISY_RETURN_IF_ERROR(rope_and_cache(b));
+  } else {
+    DAISY_RETURN_IF_ERROR(ParallelTasks(blocks, rope_and_cache));
+  }
   // attention (causal; sliding window where the layer has one)
   DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   // output projection
@@ -491,11 +530,11 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // residual
   for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
   // MLP norm
-  auto mlp_norm = [&](int i) {
-    Norm(s, x + static_cast<size_t>(i) * dim, lw.mlp_norm, lw.mlp_norm_bias, xb_rows + static_cast<size_t>(i) * dim);
+  auto mlp_norm = [&](int i0, int i1) {
+    NormRows(s, x, i0, i1, lw.mlp_norm, lw.mlp_norm_bias, xb_rows);
     return Status::Ok();
   };
-  DAISY_RETURN_IF_ERROR(ForRows(n, mlp_norm));
+  DAISY_RETURN_IF_ERROR(ForRowBlocks(n, mlp_norm));
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
   hb.resize(static_cast<size_t>(n) * gu);

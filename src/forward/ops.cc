@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "daisy/detmath.h"
+#include "daisy/kernels.h"
 
 namespace daisy::ops {
 
@@ -14,6 +15,25 @@ void RmsNorm(const float* x, const float* w, int n, float eps, float* out) {
   // sqrt is IEEE correctly rounded, so this is the same everywhere (no rsqrt estimate).
   const float inv = 1.0f / std::sqrt(ms + eps);
   for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+void RmsNormRows(const float* x, size_t ld, int rows, const float* w, int n, float eps, float* out) {
+  constexpr int kG = 8;
+  for (int r0 = 0; r0 < rows; r0 += kG) {
+    const int g = rows - r0 < kG ? rows - r0 : kG;
+    // Rows past g repeat the first; their sums are not used.
+    const float* xr[kG];
+    for (int j = 0; j < kG; ++j) xr[j] = x + static_cast<size_t>(r0 + (j < g ? j : 0)) * ld;
+    float ss[kG] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < kG; ++j) ss[j] += xr[j][i] * xr[j][i];
+    for (int j = 0; j < g; ++j) {
+      const float ms = ss[j] / static_cast<float>(n);
+      const float inv = 1.0f / std::sqrt(ms + eps);
+      float* o = out + static_cast<size_t>(r0 + j) * ld;
+      for (int i = 0; i < n; ++i) o[i] = w[i] * (xr[j][i] * inv);
+    }
+  }
 }
 
 void LayerNorm(const float* x, const float* w, const float* b, int n, float eps, float* out) {
@@ -72,57 +92,8 @@ void Softmax(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] = x[i] / s;
 }
 
-namespace {
-
-float RowMax(const float* x, int n) {
-  // Eight chains; NaN never wins a comparison, as in Softmax's loop, unless it is x[0] (a
-  // row holding NaN ends non-finite either way, and is refused downstream).
-  float m[8];
-  for (float& v : m) v = x[0];
-  int i = 1;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j)
-      if (x[i + j] > m[j]) m[j] = x[i + j];
-  for (; i < n; ++i)
-    if (x[i] > m[0]) m[0] = x[i];
-  float r = m[0];
-  for (int j = 1; j < 8; ++j)
-    if (m[j] > r) r = m[j];
-  return r;
-}
-
-}  // namespace
-
 void SoftmaxRows(float* const* rows_at, const int* n, int rows) {
-  for (int r = 0; r < rows; ++r) {
-    float* x = rows_at[r];
-    const float m = RowMax(x, n[r]);
-    for (int i = 0; i < n[r]; ++i) x[i] = x[i] - m;
-    detmath::ExpN(x, n[r]);
-  }
-  for (int r0 = 0; r0 < rows; r0 += 4) {
-    const int g = rows - r0 < 4 ? rows - r0 : 4;
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int common = n[r0];
-    for (int j = 1; j < g; ++j) common = n[r0 + j] < common ? n[r0 + j] : common;
-    if (g == 4) {
-      const float *x0 = rows_at[r0], *x1 = rows_at[r0 + 1], *x2 = rows_at[r0 + 2], *x3 = rows_at[r0 + 3];
-      for (int i = 0; i < common; ++i) {
-        s[0] += x0[i];
-        s[1] += x1[i];
-        s[2] += x2[i];
-        s[3] += x3[i];
-      }
-    } else {
-      for (int j = 0; j < g; ++j)
-        for (int i = 0; i < common; ++i) s[j] += rows_at[r0 + j][i];
-    }
-    for (int j = 0; j < g; ++j) {
-      float* x = rows_at[r0 + j];
-      for (int i = common; i < n[r0 + j]; ++i) s[j] += x[i];
-      for (int i = 0; i < n[r0 + j]; ++i) x[i] = x[i] / s[j];
-    }
-  }
+  kernels::SoftmaxRows(rows_at, n, rows);
 }
 
 int64_t FirstNonFinite(const float* x, int64_t n) {

@@ -4,12 +4,17 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace daisy::ops {
 
 // out_i = w_i * (x_i * (1 / sqrt(sum_j x_j^2 / n + eps))), the sum in index order.
 void RmsNorm(const float* x, const float* w, int n, float eps, float* out);
+// RmsNorm of `rows` rows of n values, row r at x + r * ld (out likewise): the bits of
+// RmsNorm on each row. The sums of squares of 8 rows run interleaved, each in its own index
+// order: one row's adds wait on each other, not on the other rows'.
+void RmsNormRows(const float* x, size_t ld, int rows, const float* w, int n, float eps, float* out);
 // mean = sum x / n; var = sum (x - mean)^2 / n; out_i = ((x_i - mean) * (1 / sqrt(var + eps))) * w_i + b_i.
 void LayerNorm(const float* x, const float* w, const float* b, int n, float eps, float* out);
 
@@ -30,8 +35,9 @@ float GeluNew(float x);
 void Softmax(float* x, int n);
 // Softmax of `rows` rows at once, row r being rows_at[r][0..n[r]): the bits of Softmax on
 // each row. The maximum is taken in 8 interleaved chains (a maximum does not round, and Exp
-// gives the same for -0 and +0), and the sums of 4 rows run interleaved, each still in its
+// gives the same for -0 and +0), and the sums of 8 rows run interleaved, each still in its
 // own index order, so the adds of one row wait on each other but not on the other rows'.
+// Runs in the kernels' row operations (kernels::SoftmaxRows), vectorized per CPU.
 void SoftmaxRows(float* const* rows_at, const int* n, int rows);
 
 // Index of the first non-finite value of x[0..n), or -1.

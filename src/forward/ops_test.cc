@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daisy/forward.h"
+#include "daisy/kernels.h"
 
 namespace daisy {
 namespace {
@@ -178,10 +179,9 @@ TEST(Ops, SoftmaxMatchesDoubleReference) {
 }
 
 // SoftmaxRows gives Softmax's bits on every row: rows of different lengths (1 to 300, so
-// the 4-row groups end at different places), a row count that is not a multiple of 4, a
-// group of four long rows (255 to 290: a sum taken in another order rounds differently, so
-// it shows; reversing one row's interleaved sum fails here), and maxima that tie between
-// +0 and -0.
+// the 8-row groups' rows end at different places), a row count that is not a multiple of 8,
+// long rows (255 to 290: a sum taken in another order rounds differently, so it shows;
+// reversing one row's interleaved sum fails here), and maxima that tie between +0 and -0.
 TEST(Ops, SoftmaxRowsEqualsSoftmaxOnEveryRowBitForBit) {
   uint64_t state = 12345;
   auto next = [&state] {
@@ -211,6 +211,56 @@ TEST(Ops, SoftmaxRowsEqualsSoftmaxOnEveryRowBitForBit) {
   for (size_t r = 0; r < rows.size(); ++r)
     for (size_t i = 0; i < rows[r].size(); ++i)
       ASSERT_EQ(std::bit_cast<uint32_t>(rows[r][i]), std::bit_cast<uint32_t>(want[r][i])) << "row " << r << " at " << i;
+}
+
+// The MLP's vectorized activation (kernels::Silu) gives ops::Silu(g) * u bit for bit, and
+// ops::Silu(g) without u: values across the range where Exp saturates, rows of every
+// length up to 40 (the vector tails), and zeros.
+TEST(Ops, KernelSiluEqualsSiluTimesUpBitForBit) {
+  uint64_t state = 777;
+  auto next = [&state] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<float>(static_cast<int>(state >> 40) % 200001) / 1000.0f - 100.0f;
+  };
+  for (int n = 1; n <= 40; ++n) {
+    std::vector<float> g(static_cast<size_t>(n)), u(g.size()), got(g.size()), plain(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = i % 9 == 4 ? 0.0f : next() / (i % 3 == 0 ? 10.0f : 1.0f);
+      u[i] = next();
+    }
+    kernels::Silu(g.data(), u.data(), n, got.data());
+    kernels::Silu(g.data(), nullptr, n, plain.data());
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(ops::Silu(g[i]) * u[i])) << n << " " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(plain[i]), std::bit_cast<uint32_t>(ops::Silu(g[i]))) << n << " " << i;
+    }
+  }
+}
+
+// RmsNormRows gives RmsNorm's bits on every row: 1 to 19 rows (every tail of the 8-row
+// groups), rows with a stride wider than the norm, values of mixed magnitude.
+TEST(Ops, RmsNormRowsEqualsRmsNormOnEveryRowBitForBit) {
+  uint64_t state = 4242;
+  auto next = [&state] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<float>(static_cast<int>(state >> 40) % 20001) / 1000.0f - 10.0f;
+  };
+  constexpr int kN = 77;
+  constexpr size_t kLd = 80;
+  std::vector<float> w(kN);
+  for (float& v : w) v = next();
+  for (int rows = 1; rows <= 19; ++rows) {
+    std::vector<float> x(kLd * static_cast<size_t>(rows)), got(x.size(), -1.0f), want(kN);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = next() * (i % 5 == 0 ? 100.0f : 1.0f);
+    ops::RmsNormRows(x.data(), kLd, rows, w.data(), kN, 1e-5f, got.data());
+    for (int r = 0; r < rows; ++r) {
+      ops::RmsNorm(x.data() + static_cast<size_t>(r) * kLd, w.data(), kN, 1e-5f, want.data());
+      for (int i = 0; i < kN; ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(r) * kLd + static_cast<size_t>(i)]),
+                  std::bit_cast<uint32_t>(want[static_cast<size_t>(i)]))
+            << rows << " rows, row " << r << " at " << i;
+    }
+  }
 }
 
 TEST(Ops, FirstNonFinite) {

@@ -1,14 +1,14 @@
 # CTest script: the ISA translation units (avx2.cc, avx512vnni.cc, neon.cc) must define
 # exactly one external symbol, their MatMulQ entry; the row-operation units (rowops_avx2.cc,
-# rowops_avx512.cc) exactly their QuantizeRow and ExpN. Any other global or weak symbol (an
-# inline function or template instantiated there, e.g. std::vector<...>) could be the copy
-# the linker keeps, and generic code would then run AVX-512 instructions on a CPU without
-# them (backends.h states the rule).
+# rowops_avx512.cc) exactly their row operations (rowops.inc).
+# Any other global or weak symbol (an inline function or template instantiated there, e.g.
+# std::vector<...>) could be the copy the linker keeps, and generic code would then run
+# AVX-512 instructions on a CPU without them (backends.h states the rule).
 #   cmake -DNM=<nm> -DOBJECTS=<list of object files> -P check_isa_symbols.cmake
 set(checked 0)
 foreach(obj ${OBJECTS})
   if(obj MATCHES "rowops_(avx2|avx512)\\.cc\\.o(bj)?$")
-    set(allowed "^daisy::kernels::rowops::${CMAKE_MATCH_1}::(QuantizeRow|ExpN)\\(")
+    set(allowed "^daisy::kernels::rowops::${CMAKE_MATCH_1}::(QuantizeRow|QuantizeRowTwoTerms|ExpN|SoftmaxRows|Silu)\\(")
   elseif(obj MATCHES "(avx2|avx512vnni|neon)\\.cc\\.o(bj)?$")
     set(allowed "^daisy::kernels::${CMAKE_MATCH_1}::MatMulQ\\(")
   else()

@@ -87,12 +87,15 @@ inline uint64_t SplitMix64(uint64_t x) {
 }
 
 // ---- Row operations (rowops.inc, rowops.cc) ----
-// One compiled variant of QuantizeRow and detmath::ExpN; `unsupported` says why this CPU
-// cannot run it ("" when it can).
+// One compiled variant of QuantizeRow, QuantizeRowTwoTerms, detmath::ExpN, SoftmaxRows and Silu;
+// `unsupported` says why this CPU cannot run it ("" when it can).
 struct RowOps {
   const char* name;
   bool (*quantize_row)(const float* x, int k, int8_t* q, float* scale);
+  bool (*quantize_two_terms)(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r);
   void (*exp_n)(float* x, int n);
+  void (*softmax_rows)(float* const* rows_at, const int* n, int rows);
+  void (*silu)(const float* g, const float* u, int n, float* out);
   std::string unsupported;
 };
 // Every variant built into this binary, the baseline first.

@@ -9,13 +9,6 @@ namespace daisy::kernels {
 
 // QuantizeRow itself is in rowops.inc (one source, compiled for each vector width).
 
-bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r) {
-  if (!QuantizeRow(x, k, q1, s1)) return false;
-  const float scale = *s1;
-  for (int d = 0; d < k; ++d) r[d] = x[d] - static_cast<float>(q1[d]) * scale;
-  return QuantizeRow(r, k, q2, s2);
-}
-
 Result<QuantizedMatrix> QuantizeMatrix(std::span<const float> w, int n, int k, std::span<const float> bias,
                                        std::string_view what) {
   if (n <= 0 || k <= 0) return InvalidArgument(std::string(what) + ": empty matrix");

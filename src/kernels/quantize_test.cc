@@ -237,6 +237,43 @@ TEST(RowOpsTest, EveryVariantGivesTheBaselineBits) {
       ASSERT_EQ(all[0].quantize_row(x.data(), k, qa.data(), &sa), v.quantize_row(x.data(), k, qb.data(), &sb));
       ASSERT_EQ(std::memcmp(qa.data(), qb.data(), qa.size()), 0) << v.name << " row " << row;
       ASSERT_EQ(std::memcmp(&sa, &sb, sizeof sa), 0) << v.name << " row " << row;
+      // The same row as two terms (the residual's arithmetic).
+      std::vector<int8_t> qa2(x.size()), qb2(x.size());
+      std::vector<float> r(x.size());
+      float sa2 = 0, sb2 = 0;
+      ASSERT_EQ(all[0].quantize_two_terms(x.data(), k, qa.data(), &sa, qa2.data(), &sa2, r.data()),
+                v.quantize_two_terms(x.data(), k, qb.data(), &sb, qb2.data(), &sb2, r.data()));
+      ASSERT_TRUE(qa == qb && qa2 == qb2) << v.name << " row " << row;
+      ASSERT_EQ(std::memcmp(&sa2, &sb2, sizeof sa2), 0) << v.name << " row " << row;
+    }
+    // SoftmaxRows on attention-sized batches: a decode step's group of heads over a long
+    // context, a prefill block's rows of growing length.
+    for (int batch = 0; batch < 40; ++batch) {
+      const int rows = 1 + static_cast<int>(next() % 24);
+      std::vector<std::vector<float>> a(static_cast<size_t>(rows));
+      std::vector<int> n(static_cast<size_t>(rows));
+      for (int i = 0; i < rows; ++i) {
+        n[static_cast<size_t>(i)] = 1 + static_cast<int>(next() % (batch % 4 == 0 ? 2048 : 300));
+        for (int t = 0; t < n[static_cast<size_t>(i)]; ++t)
+          a[static_cast<size_t>(i)].push_back((static_cast<float>(next() % 20001) - 10000.0f) / 500.0f);
+      }
+      std::vector<std::vector<float>> b = a;
+      std::vector<float*> pa, pb;
+      for (int i = 0; i < rows; ++i) {
+        pa.push_back(a[static_cast<size_t>(i)].data());
+        pb.push_back(b[static_cast<size_t>(i)].data());
+      }
+      all[0].softmax_rows(pa.data(), n.data(), rows);
+      v.softmax_rows(pb.data(), n.data(), rows);
+      ASSERT_TRUE(a == b) << v.name << " softmax batch " << batch;
+      // SiLU times up over an MLP chunk of the same values
+      std::vector<float>& gate = b[0];
+      std::vector<float> up(gate.size()), sa_out(gate.size()), sb_out(gate.size());
+      for (float& f : up) f = (static_cast<float>(next() % 2001) - 1000.0f) / 100.0f;
+      for (float& f : gate) f = (static_cast<float>(next() % 20001) - 10000.0f) / 300.0f;
+      all[0].silu(gate.data(), up.data(), static_cast<int>(gate.size()), sa_out.data());
+      v.silu(gate.data(), up.data(), static_cast<int>(gate.size()), sb_out.data());
+      ASSERT_TRUE(sa_out == sb_out) << v.name << " silu batch " << batch;
     }
   }
   EXPECT_GE(checked, 1);
@@ -255,6 +292,21 @@ void ExpOffByOneUlp(float* x, int n) {
   for (int i = 0; i < n; ++i)
     if (x[i] > 1.5f && x[i] < 1.6f) x[i] = std::nextafter(x[i], 2.0f);
 }
+bool SecondTermOff(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r) {
+  const bool ok = internal::RowOpsVariants()[0].quantize_two_terms(x, k, q1, s1, q2, s2, r);
+  if (ok && k > 250 && q2[k - 1] < 127) ++q2[k - 1];
+  return ok;
+}
+// One ulp on the last value of the last row of a batch of more than 8 (the group tail).
+void SoftmaxLastRowOffByOneUlp(float* const* rows_at, const int* n, int rows) {
+  internal::RowOpsVariants()[0].softmax_rows(rows_at, n, rows);
+  if (rows > 8) rows_at[rows - 1][n[rows - 1] - 1] = std::nextafter(rows_at[rows - 1][n[rows - 1] - 1], 2.0f);
+}
+// One ulp on the last value of a gated row of more than 60.
+void GatedSiluOffByOneUlp(const float* g, const float* u, int n, float* out) {
+  internal::RowOpsVariants()[0].silu(g, u, n, out);
+  if (u != nullptr && n > 60) out[n - 1] = std::nextafter(out[n - 1], 1e30f);
+}
 TEST(RowOpsTest, TheGateRefusesAVariantThatDiffersOnce) {
   const internal::RowOps base = internal::RowOpsVariants()[0];
   internal::RowOps bad_q = base;
@@ -263,6 +315,15 @@ TEST(RowOpsTest, TheGateRefusesAVariantThatDiffersOnce) {
   internal::RowOps bad_e = base;
   bad_e.exp_n = &ExpOffByOneUlp;
   EXPECT_NE(internal::GateRowOps(bad_e).find("ExpN differs"), std::string::npos);
+  internal::RowOps bad_t = base;
+  bad_t.quantize_two_terms = &SecondTermOff;
+  EXPECT_NE(internal::GateRowOps(bad_t).find("QuantizeRowTwoTerms differs"), std::string::npos);
+  internal::RowOps bad_g = base;
+  bad_g.silu = &GatedSiluOffByOneUlp;
+  EXPECT_NE(internal::GateRowOps(bad_g).find("Silu (gated) differs"), std::string::npos);
+  internal::RowOps bad_s = base;
+  bad_s.softmax_rows = &SoftmaxLastRowOffByOneUlp;
+  EXPECT_NE(internal::GateRowOps(bad_s).find("SoftmaxRows differs"), std::string::npos);
   EXPECT_EQ(internal::GateRowOps(base), "");
 }
 

@@ -15,16 +15,25 @@ namespace daisy::kernels {
 namespace rowops {
 namespace base {
 bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
+bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r);
 void ExpN(float* x, int n);
+void SoftmaxRows(float* const* rows_at, const int* n, int rows);
+void Silu(const float* g, const float* u, int n, float* out);
 }  // namespace base
 #if defined(DAISY_KERNELS_X86)
 namespace avx2 {
 bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
+bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r);
 void ExpN(float* x, int n);
+void SoftmaxRows(float* const* rows_at, const int* n, int rows);
+void Silu(const float* g, const float* u, int n, float* out);
 }  // namespace avx2
 namespace avx512 {
 bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
+bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r);
 void ExpN(float* x, int n);
+void SoftmaxRows(float* const* rows_at, const int* n, int rows);
+void Silu(const float* g, const float* u, int n, float* out);
 }  // namespace avx512
 #endif
 }  // namespace rowops
@@ -33,11 +42,14 @@ namespace internal {
 
 std::vector<RowOps> RowOpsVariants() {
   std::vector<RowOps> v;
-  v.push_back({"base", &rowops::base::QuantizeRow, &rowops::base::ExpN, ""});
+  v.push_back({"base", &rowops::base::QuantizeRow, &rowops::base::QuantizeRowTwoTerms, &rowops::base::ExpN,
+               &rowops::base::SoftmaxRows, &rowops::base::Silu, ""});
 #if defined(DAISY_KERNELS_X86)
-  v.push_back({"avx2", &rowops::avx2::QuantizeRow, &rowops::avx2::ExpN, CpuSupportProblem(Backend::kAvx2)});
+  v.push_back({"avx2", &rowops::avx2::QuantizeRow, &rowops::avx2::QuantizeRowTwoTerms, &rowops::avx2::ExpN,
+               &rowops::avx2::SoftmaxRows, &rowops::avx2::Silu, CpuSupportProblem(Backend::kAvx2)});
   // AVX-512 F/BW/VL is all it needs; a CPU with the product unit's VNNI has them.
-  v.push_back({"avx512", &rowops::avx512::QuantizeRow, &rowops::avx512::ExpN, CpuSupportProblem(Backend::kAvx512Vnni)});
+  v.push_back({"avx512", &rowops::avx512::QuantizeRow, &rowops::avx512::QuantizeRowTwoTerms, &rowops::avx512::ExpN,
+               &rowops::avx512::SoftmaxRows, &rowops::avx512::Silu, CpuSupportProblem(Backend::kAvx512Vnni)});
 #endif
   return v;
 }
@@ -85,6 +97,62 @@ std::string Compare(const RowOps& want, const RowOps& got) {
         return "QuantizeRow differs on a row of " + std::to_string(k) + " values";
     }
   }
+  // QuantizeRowTwoTerms on the same kind of rows (the residual's arithmetic).
+  for (int k = 1; k <= 300; k += 7) {
+    std::vector<float> x(static_cast<size_t>(k)), r(x.size());
+    for (float& v : x) {
+      v = GateValue(at++);
+      if (v != v || v - v != 0.0f) v = 0.75f;
+    }
+    std::vector<int8_t> a1(x.size()), a2(x.size()), b1(x.size()), b2(x.size());
+    float sa[2] = {-1, -1}, sb[2] = {-1, -1};
+    const bool oka = want.quantize_two_terms(x.data(), k, a1.data(), &sa[0], a2.data(), &sa[1], r.data());
+    const bool okb = got.quantize_two_terms(x.data(), k, b1.data(), &sb[0], b2.data(), &sb[1], r.data());
+    if (oka != okb ||
+        (oka && (a1 != b1 || a2 != b2 || __builtin_bit_cast(uint64_t, sa) != __builtin_bit_cast(uint64_t, sb))))
+      return "QuantizeRowTwoTerms differs on a row of " + std::to_string(k) + " values";
+  }
+  // SoftmaxRows over batches of rows of mixed lengths (attention scores: finite, spread
+  // over tens of units), 1 to 11 rows so every grouping and tail is reached.
+  for (int rows = 1; rows <= 11; ++rows) {
+    std::vector<std::vector<float>> a(static_cast<size_t>(rows)), b;
+    std::vector<int> n(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      n[static_cast<size_t>(r)] = 1 + static_cast<int>(SplitMix64(at++) % 150);
+      for (int i = 0; i < n[static_cast<size_t>(r)]; ++i)
+        a[static_cast<size_t>(r)].push_back(static_cast<float>(static_cast<int64_t>(SplitMix64(at++) % 4001) - 2000) /
+                                            64.0f);
+    }
+    b = a;
+    std::vector<float*> pa, pb;
+    for (int r = 0; r < rows; ++r) {
+      pa.push_back(a[static_cast<size_t>(r)].data());
+      pb.push_back(b[static_cast<size_t>(r)].data());
+    }
+    want.softmax_rows(pa.data(), n.data(), rows);
+    got.softmax_rows(pb.data(), n.data(), rows);
+    for (int r = 0; r < rows; ++r)
+      if (std::memcmp(a[static_cast<size_t>(r)].data(), b[static_cast<size_t>(r)].data(),
+                      a[static_cast<size_t>(r)].size() * sizeof(float)) != 0)
+        return "SoftmaxRows differs on row " + std::to_string(r) + " of " + std::to_string(rows);
+  }
+  // Silu, gated and not, over rows of every length up to 70 (activations: any finite
+  // value, with exact zeros and the magnitudes where Exp saturates).
+  for (int k = 1; k <= 70; ++k) {
+    std::vector<float> g(static_cast<size_t>(k)), u(g.size()), a(g.size()), b(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = GateValue(at++);
+      if (g[i] != g[i] || g[i] - g[i] != 0.0f) g[i] = i % 2 ? 95.0f : -110.0f;
+      u[i] = GateValue(at++) / 1e20f;
+      if (u[i] != u[i] || u[i] - u[i] != 0.0f) u[i] = -2.5f;
+    }
+    for (const float* up : {static_cast<const float*>(nullptr), static_cast<const float*>(u.data())}) {
+      want.silu(g.data(), up, k, a.data());
+      got.silu(g.data(), up, k, b.data());
+      if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+        return std::string("Silu") + (up ? " (gated)" : "") + " differs on a row of " + std::to_string(k) + " values";
+    }
+  }
   // ExpN over 4096 values in rows of odd lengths, plus its boundaries.
   std::vector<float> e;
   e.reserve(4096 + 9);
@@ -127,6 +195,18 @@ const RowOps& ActiveRowOps() {
 
 bool QuantizeRow(const float* x, int k, int8_t* q, float* scale) {
   return internal::ActiveRowOps().quantize_row(x, k, q, scale);
+}
+
+bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r) {
+  return internal::ActiveRowOps().quantize_two_terms(x, k, q1, s1, q2, s2, r);
+}
+
+void SoftmaxRows(float* const* rows_at, const int* n, int rows) {
+  internal::ActiveRowOps().softmax_rows(rows_at, n, rows);
+}
+
+void Silu(const float* g, const float* u, int n, float* out) {
+  internal::ActiveRowOps().silu(g, u, n, out);
 }
 
 }  // namespace daisy::kernels
