@@ -77,6 +77,10 @@ void SoftmaxRows(float* const* rows_at, const int* n, int rows);
 // out[j] = g[j] / (1 + detmath::Exp(-g[j])), then times u[j] when u is not null (the
 // bits of ops::Silu(g[j]) * u[j]), through the row operations' variant in use.
 void Silu(const float* g, const float* u, int n, float* out);
+// out[i] = (a[i] + b[i]) * c, and out[i] = a[i] * b[i]: the same IEEE operations at every
+// vector width (out may be a or b).
+void AddScale(const float* a, const float* b, float c, int n, float* out);
+void Mul(const float* a, const float* b, int n, float* out);
 
 // Quantizes w (n, k) row-major f32 (per output channel), with an optional bias (n).
 // Refuses k > kMaxK and non-finite weights, naming `what`.

@@ -247,7 +247,7 @@ Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
       const float* s2_res = &scores_res[rows_nk + at];
       for (int t = first; t < e; ++t) s[t] = ((s[t] + s_res[t]) + (s2[t] + s2_res[t])) * scale;
     } else {
-      for (int t = first; t < e; ++t) s[t] = (s[t] + s_res[t]) * scale;
+      kernels::AddScale(s + first, s_res + first, scale, e - first, s + first);
     }
     row_at[static_cast<size_t>(r)] = s + first;
     row_n[static_cast<size_t>(r)] = e - first;
@@ -261,7 +261,7 @@ Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
     const float* s = &scores[at];
     if (g_mass_stats) prob.assign(s + first, s + e);
     for (int j = 0; j < v_terms; ++j) {
-      for (int t = first; t < e; ++t) pv[static_cast<size_t>(t)] = s[t] * vscale[j][t];
+      kernels::Mul(s + first, vscale[j] + first, e - first, pv.data() + first);
       // p' as two int8 terms: what the first leaves below its half step (every key under
       // max/254 when attention is spread thin) the second keeps, to about max/65000.
       // Quantized over the visible keys only: zeros change neither amax nor their own 0,
@@ -527,10 +527,11 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   // output projection
   if (!Product(att.data(), n, lw.o, o.data())) return NonFiniteInput("attention output", att.data(), q_dim, l, pos);
-  // residual
-  for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
-  // MLP norm
+  // residual, then the MLP norm, block by block (the rows' adds ran serially before)
+  const float* const o_rows = o.data();
   auto mlp_norm = [&](int i0, int i1) {
+    const size_t e0 = static_cast<size_t>(i0) * dim, e1 = static_cast<size_t>(i1) * dim;
+    for (size_t e = e0; e < e1; ++e) x[e] = x[e] + o_rows[e];
     NormRows(s, x, i0, i1, lw.mlp_norm, lw.mlp_norm_bias, xb_rows);
     return Status::Ok();
   };
@@ -544,8 +545,13 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   MlpActivation(s, hb.data(), gu, n, act.data());
   // down projection
   if (!Product(act.data(), n, lw.down, o.data())) return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
-  // residual
-  for (size_t i = 0; i < o.size(); ++i) x[i] = x[i] + o[i];
+  // residual, block by block
+  auto residual = [&](int i0, int i1) {
+    const size_t e0 = static_cast<size_t>(i0) * dim, e1 = static_cast<size_t>(i1) * dim;
+    for (size_t e = e0; e < e1; ++e) x[e] = x[e] + o_rows[e];
+    return Status::Ok();
+  };
+  DAISY_RETURN_IF_ERROR(ForRowBlocks(n, residual));
   // refuse non-finite hidden states (never forwarded)
   return CheckFinite(h, "layer " + std::to_string(l));
 }

@@ -21,6 +21,10 @@ void RmsNormRows(const float* x, size_t ld, int rows, const float* w, int n, flo
   constexpr int kG = 8;
   for (int r0 = 0; r0 < rows; r0 += kG) {
     const int g = rows - r0 < kG ? rows - r0 : kG;
+    if (g == 1) {  // a decode step's row: one chain (the 8 below would do 8 times its work)
+      RmsNorm(x + static_cast<size_t>(r0) * ld, w, n, eps, out + static_cast<size_t>(r0) * ld);
+      continue;
+    }
     // Rows past g repeat the first; their sums are not used.
     const float* xr[kG];
     for (int j = 0; j < kG; ++j) xr[j] = x + static_cast<size_t>(r0 + (j < g ? j : 0)) * ld;

@@ -8,7 +8,7 @@
 set(checked 0)
 foreach(obj ${OBJECTS})
   if(obj MATCHES "rowops_(avx2|avx512)\\.cc\\.o(bj)?$")
-    set(allowed "^daisy::kernels::rowops::${CMAKE_MATCH_1}::(QuantizeRow|QuantizeRowTwoTerms|ExpN|SoftmaxRows|Silu)\\(")
+    set(allowed "^daisy::kernels::rowops::${CMAKE_MATCH_1}::(QuantizeRow|QuantizeRowTwoTerms|ExpN|SoftmaxRows|Silu|AddScale|Mul)\\(")
   elseif(obj MATCHES "(avx2|avx512vnni|neon)\\.cc\\.o(bj)?$")
     set(allowed "^daisy::kernels::${CMAKE_MATCH_1}::MatMulQ\\(")
   else()

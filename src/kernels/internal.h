@@ -87,7 +87,7 @@ inline uint64_t SplitMix64(uint64_t x) {
 }
 
 // ---- Row operations (rowops.inc, rowops.cc) ----
-// One compiled variant of QuantizeRow, QuantizeRowTwoTerms, detmath::ExpN, SoftmaxRows and Silu;
+// One compiled variant of the row operations (rowops.inc);
 // `unsupported` says why this CPU cannot run it ("" when it can).
 struct RowOps {
   const char* name;
@@ -96,6 +96,8 @@ struct RowOps {
   void (*exp_n)(float* x, int n);
   void (*softmax_rows)(float* const* rows_at, const int* n, int rows);
   void (*silu)(const float* g, const float* u, int n, float* out);
+  void (*add_scale)(const float* a, const float* b, float c, int n, float* out);
+  void (*mul)(const float* a, const float* b, int n, float* out);
   std::string unsupported;
 };
 // Every variant built into this binary, the baseline first.

@@ -302,6 +302,42 @@ void SoftmaxLastRowOffByOneUlp(float* const* rows_at, const int* n, int rows) {
   internal::RowOpsVariants()[0].softmax_rows(rows_at, n, rows);
   if (rows > 8) rows_at[rows - 1][n[rows - 1] - 1] = std::nextafter(rows_at[rows - 1][n[rows - 1] - 1], 2.0f);
 }
+// Attention's AddScale and Mul are their formulas, bit for bit, in every variant and through
+// the public entry points (rows of every length to 50: every vector tail; out aliasing a).
+TEST(RowOpsTest, AddScaleAndMulAreTheirFormulas) {
+  uint64_t state = 5;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(state >> 40) % 200001 - 100000) / 977.0f;
+  };
+  for (const internal::RowOps& v : internal::RowOpsVariants()) {
+    if (!v.unsupported.empty()) continue;
+    for (int n = 1; n <= 50; ++n) {
+      std::vector<float> a(static_cast<size_t>(n)), b(a.size()), out(a.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        a[i] = next();
+        b[i] = next();
+      }
+      const float c = 0.1f;  // not a power of two: (a + b) * c and a * c + b * c differ
+      v.add_scale(a.data(), b.data(), c, n, out.data());
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(Bits(out[i]), Bits((a[i] + b[i]) * c)) << v.name << " " << n;
+      v.mul(a.data(), b.data(), n, out.data());
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(Bits(out[i]), Bits(a[i] * b[i])) << v.name << " " << n;
+      std::vector<float> in_place = a;
+      AddScale(in_place.data(), b.data(), c, n, in_place.data());
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(Bits(in_place[i]), Bits((a[i] + b[i]) * c)) << n;
+      in_place = a;
+      Mul(in_place.data(), b.data(), n, in_place.data());
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(Bits(in_place[i]), Bits(a[i] * b[i])) << n;
+    }
+  }
+}
+
+void MulLastOffByOneUlp(const float* a, const float* b, int n, float* out) {
+  internal::RowOpsVariants()[0].mul(a, b, n, out);
+  if (n > 60) out[n - 1] = std::nextafter(out[n - 1], 1e30f);
+}
+
 // One ulp on the last value of a gated row of more than 60.
 void GatedSiluOffByOneUlp(const float* g, const float* u, int n, float* out) {
   internal::RowOpsVariants()[0].silu(g, u, n, out);
@@ -321,6 +357,9 @@ TEST(RowOpsTest, TheGateRefusesAVariantThatDiffersOnce) {
   internal::RowOps bad_g = base;
   bad_g.silu = &GatedSiluOffByOneUlp;
   EXPECT_NE(internal::GateRowOps(bad_g).find("Silu (gated) differs"), std::string::npos);
+  internal::RowOps bad_m = base;
+  bad_m.mul = &MulLastOffByOneUlp;
+  EXPECT_NE(internal::GateRowOps(bad_m).find("Mul differs"), std::string::npos);
   internal::RowOps bad_s = base;
   bad_s.softmax_rows = &SoftmaxLastRowOffByOneUlp;
   EXPECT_NE(internal::GateRowOps(bad_s).find("SoftmaxRows differs"), std::string::npos);

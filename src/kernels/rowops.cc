@@ -19,6 +19,8 @@ bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q
 void ExpN(float* x, int n);
 void SoftmaxRows(float* const* rows_at, const int* n, int rows);
 void Silu(const float* g, const float* u, int n, float* out);
+void AddScale(const float* a, const float* b, float c, int n, float* out);
+void Mul(const float* a, const float* b, int n, float* out);
 }  // namespace base
 #if defined(DAISY_KERNELS_X86)
 namespace avx2 {
@@ -27,6 +29,8 @@ bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q
 void ExpN(float* x, int n);
 void SoftmaxRows(float* const* rows_at, const int* n, int rows);
 void Silu(const float* g, const float* u, int n, float* out);
+void AddScale(const float* a, const float* b, float c, int n, float* out);
+void Mul(const float* a, const float* b, int n, float* out);
 }  // namespace avx2
 namespace avx512 {
 bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
@@ -34,6 +38,8 @@ bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q
 void ExpN(float* x, int n);
 void SoftmaxRows(float* const* rows_at, const int* n, int rows);
 void Silu(const float* g, const float* u, int n, float* out);
+void AddScale(const float* a, const float* b, float c, int n, float* out);
+void Mul(const float* a, const float* b, int n, float* out);
 }  // namespace avx512
 #endif
 }  // namespace rowops
@@ -43,13 +49,15 @@ namespace internal {
 std::vector<RowOps> RowOpsVariants() {
   std::vector<RowOps> v;
   v.push_back({"base", &rowops::base::QuantizeRow, &rowops::base::QuantizeRowTwoTerms, &rowops::base::ExpN,
-               &rowops::base::SoftmaxRows, &rowops::base::Silu, ""});
+               &rowops::base::SoftmaxRows, &rowops::base::Silu, &rowops::base::AddScale, &rowops::base::Mul, ""});
 #if defined(DAISY_KERNELS_X86)
   v.push_back({"avx2", &rowops::avx2::QuantizeRow, &rowops::avx2::QuantizeRowTwoTerms, &rowops::avx2::ExpN,
-               &rowops::avx2::SoftmaxRows, &rowops::avx2::Silu, CpuSupportProblem(Backend::kAvx2)});
+               &rowops::avx2::SoftmaxRows, &rowops::avx2::Silu, &rowops::avx2::AddScale, &rowops::avx2::Mul,
+               CpuSupportProblem(Backend::kAvx2)});
   // AVX-512 F/BW/VL is all it needs; a CPU with the product unit's VNNI has them.
   v.push_back({"avx512", &rowops::avx512::QuantizeRow, &rowops::avx512::QuantizeRowTwoTerms, &rowops::avx512::ExpN,
-               &rowops::avx512::SoftmaxRows, &rowops::avx512::Silu, CpuSupportProblem(Backend::kAvx512Vnni)});
+               &rowops::avx512::SoftmaxRows, &rowops::avx512::Silu, &rowops::avx512::AddScale, &rowops::avx512::Mul,
+               CpuSupportProblem(Backend::kAvx512Vnni)});
 #endif
   return v;
 }
@@ -153,12 +161,35 @@ std::string Compare(const RowOps& want, const RowOps& got) {
         return std::string("Silu") + (up ? " (gated)" : "") + " differs on a row of " + std::to_string(k) + " values";
     }
   }
+  // AddScale and Mul on rows of every length up to 70 (any finite values, zeros and
+  // infinities; no NaN input: which operand's payload a NaN result carries is the
+  // compiler's choice of operand order, and the forward pass refuses NaN anyway).
+  for (int k = 1; k <= 70; ++k) {
+    std::vector<float> x(static_cast<size_t>(k)), y(x.size()), a(x.size()), b(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = GateValue(at++);
+      y[i] = GateValue(at++);
+      if (x[i] != x[i]) x[i] = -__builtin_inff();
+      if (y[i] != y[i]) y[i] = 3.0f;
+    }
+    const float c = 0.125f + static_cast<float>(k) / 1024.0f;
+    want.add_scale(x.data(), y.data(), c, k, a.data());
+    got.add_scale(x.data(), y.data(), c, k, b.data());
+    if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+      return "AddScale differs on a row of " + std::to_string(k) + " values";
+    want.mul(x.data(), y.data(), k, a.data());
+    got.mul(x.data(), y.data(), k, b.data());
+    if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+      return "Mul differs on a row of " + std::to_string(k) + " values";
+  }
   // ExpN over 4096 values in rows of odd lengths, plus its boundaries.
   std::vector<float> e;
-  e.reserve(4096 + 9);
+  e.reserve(4096 + 9 + 1024);
   for (int i = 0; i < 4096; ++i) e.push_back(GateValue(at++) / (i % 3 == 0 ? 1.0f : 1e30f));
   for (float v : {89.0f, 89.0001f, -104.0f, -104.0001f, 88.72f, -87.3f, -0.0f, __builtin_inff(), -__builtin_inff()})
     e.push_back(v);
+  // and [-16, 16) in steps of 1/32: the softmax and SiLU range, every result size there
+  for (int i = -512; i < 512; ++i) e.push_back(static_cast<float>(i) / 32.0f);
   for (size_t i0 = 0, len = 1; i0 < e.size(); i0 += len, len = len % 37 + 1) {
     const size_t n = std::min(len, e.size() - i0);
     std::vector<float> a(e.begin() + static_cast<long>(i0), e.begin() + static_cast<long>(i0 + n)), b = a;
@@ -207,6 +238,14 @@ void SoftmaxRows(float* const* rows_at, const int* n, int rows) {
 
 void Silu(const float* g, const float* u, int n, float* out) {
   internal::ActiveRowOps().silu(g, u, n, out);
+}
+
+void AddScale(const float* a, const float* b, float c, int n, float* out) {
+  internal::ActiveRowOps().add_scale(a, b, c, n, out);
+}
+
+void Mul(const float* a, const float* b, int n, float* out) {
+  internal::ActiveRowOps().mul(a, b, n, out);
 }
 
 }  // namespace daisy::kernels
