@@ -343,26 +343,23 @@ void GatedSiluOffByOneUlp(const float* g, const float* u, int n, float* out) {
   internal::RowOpsVariants()[0].silu(g, u, n, out);
   if (u != nullptr && n > 60) out[n - 1] = std::nextafter(out[n - 1], 1e30f);
 }
+
 TEST(RowOpsTest, TheGateRefusesAVariantThatDiffersOnce) {
   const internal::RowOps base = internal::RowOpsVariants()[0];
-  internal::RowOps bad_q = base;
-  bad_q.quantize_row = &FlipFirstQ;
-  EXPECT_NE(internal::GateRowOps(bad_q).find("QuantizeRow differs"), std::string::npos);
-  internal::RowOps bad_e = base;
-  bad_e.exp_n = &ExpOffByOneUlp;
-  EXPECT_NE(internal::GateRowOps(bad_e).find("ExpN differs"), std::string::npos);
-  internal::RowOps bad_t = base;
-  bad_t.quantize_two_terms = &SecondTermOff;
-  EXPECT_NE(internal::GateRowOps(bad_t).find("QuantizeRowTwoTerms differs"), std::string::npos);
-  internal::RowOps bad_g = base;
-  bad_g.silu = &GatedSiluOffByOneUlp;
-  EXPECT_NE(internal::GateRowOps(bad_g).find("Silu (gated) differs"), std::string::npos);
-  internal::RowOps bad_m = base;
-  bad_m.mul = &MulLastOffByOneUlp;
-  EXPECT_NE(internal::GateRowOps(bad_m).find("Mul differs"), std::string::npos);
-  internal::RowOps bad_s = base;
-  bad_s.softmax_rows = &SoftmaxLastRowOffByOneUlp;
-  EXPECT_NE(internal::GateRowOps(bad_s).find("SoftmaxRows differs"), std::string::npos);
+  // The gate's message for the baseline with one operation replaced by `fn`.
+  auto gate_with = [&base](auto member, auto fn) {
+    internal::RowOps bad = base;
+    bad.*member = fn;
+    return internal::GateRowOps(bad);
+  };
+  EXPECT_NE(gate_with(&internal::RowOps::quantize_row, &FlipFirstQ).find("QuantizeRow differs"), std::string::npos);
+  EXPECT_NE(gate_with(&internal::RowOps::exp_n, &ExpOffByOneUlp).find("ExpN differs"), std::string::npos);
+  EXPECT_NE(gate_with(&internal::RowOps::quantize_two_terms, &SecondTermOff).find("QuantizeRowTwoTerms differs"),
+            std::string::npos);
+  EXPECT_NE(gate_with(&internal::RowOps::silu, &GatedSiluOffByOneUlp).find("Silu (gated) differs"), std::string::npos);
+  EXPECT_NE(gate_with(&internal::RowOps::mul, &MulLastOffByOneUlp).find("Mul differs"), std::string::npos);
+  EXPECT_NE(gate_with(&internal::RowOps::softmax_rows, &SoftmaxLastRowOffByOneUlp).find("SoftmaxRows differs"),
+            std::string::npos);
   EXPECT_EQ(internal::GateRowOps(base), "");
 }
 
