@@ -112,41 +112,45 @@ inline void RunTile(bool with_sums, const int8_t* const* xr, const int8_t* const
 
 // One x row against kNr weight rows, taken one row after the other so the weights stream
 // in address order (the decode GEMV: memory-bound, and sequential streams are what the
-// hardware prefetcher follows best). Returns the corrected (signed x signed) sums.
-inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, int32_t* out) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i ones = _mm512_set1_epi8(1);
-  __m512i d[kNr];
+// hardware prefetcher follows best). Here the weights are the biased operand: vpdpbusd
+// takes w ^ 0x80 = w + 128 as unsigned and x as signed, so sum_t (w_t + 128) x_t =
+// sum_t w_t x_t + 128 * sum_t x_t, and `corr` (RowCorrection of this x row, computed once
+// per product) is subtracted modulo 2^32: one vpdpbusd per 32 weight bytes and no second
+// sum over the weights. 256-bit vectors (AVX-512 VL): on the AMD EPYC of docs/KERNELS.md
+// ("Decode GEMV") the 512-bit form of this loop streamed 27 GB/s on one core, this one 45,
+// as much as a plain read. Returns the exact signed sums.
+inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, uint32_t corr, int32_t* out) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i d[kNr];
   for (int r = 0; r < kNr; ++r) {
-    // Two accumulator pairs halve the dependency chain through vpdpbusd.
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, s0 = a0, s1 = a0;
+    // Two accumulators halve the dependency chain through vpdpbusd.
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
     const int8_t* w = wr[r];
     // Where this row's stream will be kStreamAhead bytes on (an address: see avx2.cc).
     const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + kStreamAhead;
     int t = 0;
-    for (; t + 128 <= k; t += 128) {
+    for (; t + 64 <= k; t += 64) {
       // NOLINTNEXTLINE(performance-no-int-to-ptr)
       _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
-      // NOLINTNEXTLINE(performance-no-int-to-ptr)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t) + 64), _MM_HINT_T0);
-      const __m512i w0 = _mm512_loadu_si512(w + t), w1 = _mm512_loadu_si512(w + t + 64);
-      a0 = _mm512_dpbusd_epi32(a0, _mm512_xor_si512(_mm512_loadu_si512(xr + t), flip), w0);
-      a1 = _mm512_dpbusd_epi32(a1, _mm512_xor_si512(_mm512_loadu_si512(xr + t + 64), flip), w1);
-      s0 = _mm512_dpbusd_epi32(s0, ones, w0);
-      s1 = _mm512_dpbusd_epi32(s1, ones, w1);
+      const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t)), flip);
+      const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t + 32)), flip);
+      a0 = _mm256_dpbusd_epi32(a0, w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t)));
+      a1 = _mm256_dpbusd_epi32(a1, w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t + 32)));
     }
-    for (; t < k; t += 64) {
+    for (; t < k; t += 32) {
       // NOLINTNEXTLINE(performance-no-int-to-ptr)
       _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
-      const __mmask64 mask = k - t >= 64 ? ~0ULL : (~0ULL) >> (64 - (k - t));
-      const __m512i w0 = _mm512_maskz_loadu_epi8(mask, w + t);
-      a0 = _mm512_dpbusd_epi32(a0, _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, xr + t), flip), w0);
-      s0 = _mm512_dpbusd_epi32(s0, ones, w0);
+      // Masked lanes load 0 from both: they add (0 + 128) * 0.
+      const __mmask32 mask = k - t >= 32 ? ~0U : (~0U) >> (32 - (k - t));
+      const __m256i w0 = _mm256_xor_si256(_mm256_maskz_loadu_epi8(mask, w + t), flip);
+      a0 = _mm256_dpbusd_epi32(a0, w0, _mm256_maskz_loadu_epi8(mask, xr + t));
     }
-    // Lane-wise a - 128 * s (wrapping): the horizontal sum of d is the exact signed sum.
-    d[r] = _mm512_sub_epi32(_mm512_add_epi32(a0, a1), _mm512_slli_epi32(_mm512_add_epi32(s0, s1), 7));
+    d[r] = _mm256_add_epi32(a0, a1);
   }
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), Reduce4(d[0], d[1], d[2], d[3]));
+  // The four horizontal sums (integer adds: any order is exact), then - 128 * sum(x).
+  const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_sub_epi32(s, _mm_set1_epi32(static_cast<int>(corr))));
 }
 
 // The same IEEE sequence as the scalar reference: s = xs * ws; v = float(acc) * s; v + b.
@@ -335,6 +339,8 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
   }
   // Row panels of about 192 KiB of x stay in L2 while the panel's weight tiles stream by.
   const int mc = k > 0 ? RowPanelRows(k, kMr) : m;
+  int corr_row = -1;  // the x row whose RowCorrection `corr` holds
+  uint32_t corr = 0;
   for (int i0 = 0; i0 < m; i0 += mc) {
     const int i1 = m - i0 < mc ? m : i0 + mc;
     for (int j = col_begin; j < col_end; j += kNr) {
@@ -352,7 +358,13 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
         for (int ii = 0; ii < mr; ++ii) xr[ii] = xq + static_cast<size_t>(i + ii) * ldx;
         int32_t acc[kMr][kNr];
         if (mr == 1) {
-          RowByRow(xr[0], wr, k, acc[0]);  // already corrected
+          // One x row: its correction once per row, not per weight tile (a decode product
+          // has a single row, so this runs once).
+          if (corr_row != i) {
+            corr = RowCorrection(xr[0], k);
+            corr_row = i;
+          }
+          RowByRow(xr[0], wr, k, corr, acc[0]);  // already corrected
         } else {
           switch (mr) {
             case 2:

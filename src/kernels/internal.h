@@ -64,7 +64,7 @@ using ShapeTimings = std::array<std::array<double, kBackendCount>, kProductShape
 // on the calling thread alone: the best of a few runs after a warm-up.
 ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend> backends);
 // Bumped whenever a unit's code changes, so cached timings of older units are not trusted.
-constexpr int kKernelVersion = 3;
+constexpr int kKernelVersion = 4;
 // A stable description of this CPU (x86: vendor, family/model/stepping and brand string;
 // arm64: MIDR where readable): cached timings are valid only on the same model.
 std::string CpuModelKey();
