@@ -63,8 +63,13 @@ constexpr int kDefaultAuditCells = 1;
 // Products smaller than this many multiply-adds run on the calling thread alone: waking
 // workers costs more than it saves.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
-// Column blocks are multiples of this many columns (whole tiles and cache lines of y).
+// Decode chunks are multiples of this many columns (whole tiles and cache lines of y).
 constexpr int kColumnAlign = 16;
+// Column blocks of a many-row product are whole tiles of the widest kernel: avx512vnni's
+// packed tile computes 32 columns even when fewer are asked for, so a block of 80 columns
+// cost as much as 96 (measured: SmolLM's 576-column products split 8 ways gave 7 blocks of 80
+// and one of 16, 22 tiles of work for 18).
+constexpr int kBlockAlign = 32;
 // Blocks per thread: threads claim blocks as they come free, so a thread the OS has
 // descheduled (other processes, big.LITTLE cores) holds up at most one small block.
 constexpr int kBlocksPerThread = 4;
@@ -300,13 +305,17 @@ struct ProductTask {
   const QMatrixView* w;
   float* y;
   size_t ldy;
-  int block;  // columns per task
+  int groups;   // kBlockAlign-column groups of the product
+  int n_tasks;  // task t takes groups [groups * t / n_tasks, groups * (t + 1) / n_tasks)
 };
 
+// The tasks' group counts differ by at most one, so threads claiming them in turn end
+// within one group of each other.
 void RunColumnBlock(void* ctx, int t) {
   const auto& p = *static_cast<const ProductTask*>(ctx);
-  const int c0 = t * p.block;
-  const int c1 = std::min(p.w->n, c0 + p.block);
+  const auto edge = [&p](int task) { return static_cast<int>(int64_t{p.groups} * task / p.n_tasks * kBlockAlign); };
+  const int c0 = edge(t);
+  const int c1 = std::min(p.w->n, edge(t + 1));
   if (c0 < c1) p.fn(p.xq, p.xscale, p.m, p.ldx, *p.w, p.y, p.ldy, c0, c1);
 }
 
@@ -416,13 +425,12 @@ void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size
   Registry& r = Reg();
   const int threads = r.threads.load(std::memory_order_relaxed);
   const int64_t macs = int64_t{m} * w.n * std::max(w.k, 1);
-  const int col_groups = (w.n + kColumnAlign - 1) / kColumnAlign;
+  const int col_groups = (w.n + kBlockAlign - 1) / kBlockAlign;
   const int n_tasks = macs < kMinParallelMacs || threads <= 1
                           ? 1
                           : std::min({threads * kBlocksPerThread, col_groups, ThreadPool::kMaxTasks});
-  ProductTask task{fn, xq, xscale, m, ldx, &w, y, ldy, 0};
+  ProductTask task{fn, xq, xscale, m, ldx, &w, y, ldy, col_groups, std::max(n_tasks, 1)};
   if (n_tasks <= 1) {
-    task.block = w.n;
     RunColumnBlock(&task, 0);
     return;
   }
@@ -438,7 +446,6 @@ void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size
     PoolFor(r, threads)->Run(e.segments, &RunFromEnds, &e);
     return;
   }
-  task.block = (col_groups + n_tasks - 1) / n_tasks * kColumnAlign;
   PoolFor(r, threads)->Run(n_tasks, &RunColumnBlock, &task);
 }
 
