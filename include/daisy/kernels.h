@@ -193,9 +193,10 @@ struct KernelThroughput {
 };
 std::vector<KernelThroughput> MeasureKernelThroughput(double seconds_per_case);
 
-// Memory read bandwidth in GB/s with the configured threads: every thread sums its share of
-// a 256 MiB buffer (far larger than the caches), best pass of those run in about `seconds`.
-// The ceiling a decode GEMV streaming its weights can approach.
+// Memory read bandwidth in GB/s with the configured threads: the best pass of those run in
+// about `seconds` over a 256 MiB buffer (far larger than the caches), the passes taking turns
+// between every thread summing its share (plainly, or prefetching ahead) and the decode GEMV
+// streaming the buffer as a matrix. The ceiling a decode GEMV streaming its weights can approach.
 double MeasureReadBandwidth(double seconds);
 
 // Runs fn(ctx, t) for every t in [0, n_tasks) on the kernels' thread pool (the caller
