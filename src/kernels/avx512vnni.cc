@@ -117,8 +117,8 @@ inline void RunTile(bool with_sums, const int8_t* const* xr, const int8_t* const
 // sum_t w_t x_t + 128 * sum_t x_t, and `corr` (RowCorrection of this x row, computed once
 // per product) is subtracted modulo 2^32: one vpdpbusd per 32 weight bytes and no second
 // sum over the weights. 256-bit vectors (AVX-512 VL): on the AMD EPYC of docs/KERNELS.md
-// ("Decode GEMV") the 512-bit form of this loop streamed 27 GB/s on one core, this one 45,
-// as much as a plain read. Returns the exact signed sums.
+// ("Figures") the 512-bit loop this replaced streamed 27-32 GB/s on one core, this one
+// 39-40, as much as a plain read. Returns the exact signed sums.
 inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, uint32_t corr, int32_t* out) {
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   __m256i d[kNr];

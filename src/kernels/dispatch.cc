@@ -63,9 +63,8 @@ constexpr int kDefaultAuditCells = 1;
 // Products smaller than this many multiply-adds run on the calling thread alone: waking
 // workers costs more than it saves.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 16;
-// Decode chunks are multiples of this many columns (whole tiles and cache lines of y).
-constexpr int kColumnAlign = 16;
-// Column blocks of a many-row product are whole tiles of the widest kernel: avx512vnni's
+// Column blocks of a many-row product (and a decode product's chunks) are whole tiles of
+// the widest kernel, and so whole cache lines of y: avx512vnni's
 // packed tile computes 32 columns even when fewer are asked for, so a block of 80 columns
 // cost as much as 96 (measured: SmolLM's 576-column products split 8 ways gave 7 blocks of 80
 // and one of 16, 22 tiles of work for 18).
@@ -76,7 +75,7 @@ constexpr int kBlocksPerThread = 4;
 // Products of at most this many x rows (a decode step's) split their columns into one run
 // per thread (RunFromEnds), claimed kEndsChunk columns at a time.
 constexpr int kEndsMaxRows = 4;
-constexpr int kEndsChunk = 4 * kColumnAlign;
+constexpr int kEndsChunk = 2 * kBlockAlign;
 constexpr int kMaxEndSegments = 32;  // at most this many threads take part in a decode product
 
 std::atomic<uint8_t> g_fault_mask{0};
@@ -429,7 +428,7 @@ void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size
   const int n_tasks = macs < kMinParallelMacs || threads <= 1
                           ? 1
                           : std::min({threads * kBlocksPerThread, col_groups, ThreadPool::kMaxTasks});
-  ProductTask task{fn, xq, xscale, m, ldx, &w, y, ldy, col_groups, std::max(n_tasks, 1)};
+  ProductTask task{fn, xq, xscale, m, ldx, &w, y, ldy, col_groups, n_tasks};
   if (n_tasks <= 1) {
     RunColumnBlock(&task, 0);
     return;

@@ -188,8 +188,6 @@ double MeasureReadBandwidth(double seconds) {
   }
   volatile uint64_t sink = 0;
   for (uint64_t v : task.sums) sink = sink + v;
-  volatile float ysink = y[static_cast<size_t>(kRows) - 1];
-  (void)ysink;
   return static_cast<double>(kBytes) / best * 1e-9;
 }
 
