@@ -193,11 +193,18 @@ struct KernelThroughput {
 };
 std::vector<KernelThroughput> MeasureKernelThroughput(double seconds_per_case);
 
-// Memory read bandwidth in GB/s with the configured threads: the best pass of those run in
-// about `seconds` over a 256 MiB buffer (far larger than the caches), the passes taking turns
-// between every thread summing its share (plainly, or prefetching ahead) and the decode GEMV
-// streaming the buffer as a matrix. The ceiling a decode GEMV streaming its weights can approach.
-double MeasureReadBandwidth(double seconds);
+// Memory read bandwidth in GB/s with the configured threads, from the passes run in about
+// `seconds` over a 256 MiB buffer (far larger than the caches), taking turns between every
+// thread summing its share (plainly, or prefetching ahead) and the decode GEMV streaming the
+// buffer as a matrix. `best_gbps`, the fastest pass, is the ceiling a decode GEMV streaming
+// its weights can approach; `median_gbps` (the median of the passes of the kind that gave the
+// best) says how far apart this machine's passes are: a decode averages over all of its time.
+struct ReadBandwidth {
+  double best_gbps = 0.0;
+  double median_gbps = 0.0;
+  int passes = 0;  // passes of every kind
+};
+ReadBandwidth MeasureReadBandwidth(double seconds);
 
 // Runs fn(ctx, t) for every t in [0, n_tasks) on the kernels' thread pool (the caller
 // works too) and returns when all are done. What a task computes must not depend on which

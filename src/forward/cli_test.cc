@@ -203,13 +203,22 @@ TEST_F(Cli, BenchReportsThroughput) {
   // Issue 13, item 8: the figures under their names, consistent with each other.
   for (const char* k : {"read_bandwidth_gbps", "decode_bytes_per_token", "decode_bandwidth_ratio", "gemm_gops",
                         "prefill512_tokens_per_s", "prefill_kernel_ratio", "model_gemm_gops",
-                        "prefill_model_gemm_ratio", "peak_rss_bytes", "rss_budget_bytes"}) {
+                        "prefill_model_gemm_ratio", "peak_rss_bytes", "rss_budget_bytes", "read_bandwidth_median_gbps",
+                        "read_bandwidth_passes", "decode_bandwidth_median_ratio"}) {
     ASSERT_TRUE(j.contains(k) && j[k].is_number()) << k << " missing from " << r.out;
     EXPECT_GT(j[k].get<double>(), 0) << k;
   }
   const double ceiling = j["read_bandwidth_gbps"].get<double>() * 1e9 / j["decode_bytes_per_token"].get<double>();
   EXPECT_NEAR(j["decode_bandwidth_ratio"].get<double>(), j["decode_tokens_per_s"].get<double>() / ceiling,
               1e-9 * j["decode_bandwidth_ratio"].get<double>() + 1e-12);
+  // The median pass is one of the passes of the best pass's kind, so never faster than it;
+  // the ratio against it is the same decode over that ceiling.
+  EXPECT_LE(j["read_bandwidth_median_gbps"].get<double>(), j["read_bandwidth_gbps"].get<double>());
+  EXPECT_GE(j["read_bandwidth_passes"].get<int>(), 6);  // the measurement's floor: 6 passes
+  const double median_ceiling =
+      j["read_bandwidth_median_gbps"].get<double>() * 1e9 / j["decode_bytes_per_token"].get<double>();
+  EXPECT_NEAR(j["decode_bandwidth_median_ratio"].get<double>(), j["decode_tokens_per_s"].get<double>() / median_ceiling,
+              1e-9 * j["decode_bandwidth_median_ratio"].get<double>() + 1e-12);
   EXPECT_NEAR(j["prefill_model_gemm_ratio"].get<double>(),
               j["prefill512_gops"].get<double>() / j["model_gemm_gops"].get<double>(),
               1e-9 * j["prefill_model_gemm_ratio"].get<double>() + 1e-12);
