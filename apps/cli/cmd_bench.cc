@@ -197,12 +197,15 @@ int RunBench(const BenchCliOptions& o) {
   double gemm_gops = 0;
   for (const auto& k : kernels_tp)
     if (k.backend == choice.For(kernels::ProductShape::kGemm)) gemm_gops = k.gemm_gops;
-  const double ceiling_tps = read_gbps * 1e9 / bytes_per_token;
-  const double bandwidth_ratio = ceiling_tps > 0 ? decode_tps / ceiling_tps : 0;
-  // Against the median pass instead: what a decode, which averages over its whole run, meets
-  // on a machine whose passes swing (the target stays the ratio to the best pass).
-  const double median_ceiling_tps = bandwidth.median_gbps * 1e9 / bytes_per_token;
-  const double median_ratio = median_ceiling_tps > 0 ? decode_tps / median_ceiling_tps : 0;
+  // Decode tokens/s at a bandwidth, and the decode's share of it: against the best pass (the
+  // target) and the median pass (what a decode, averaging over its whole run, meets on a
+  // machine whose passes swing).
+  const auto ceiling_at = [&](double gbps) { return gbps * 1e9 / bytes_per_token; };
+  const auto share_of = [&](double ceiling) { return ceiling > 0 ? decode_tps / ceiling : 0; };
+  const double ceiling_tps = ceiling_at(read_gbps);
+  const double bandwidth_ratio = share_of(ceiling_tps);
+  const double median_ceiling_tps = ceiling_at(bandwidth.median_gbps);
+  const double median_ratio = share_of(median_ceiling_tps);
   const double kernel_ratio = gemm_gops > 0 ? prefill512_gops / gemm_gops : 0;
   const double model_gemm_gops = ModelGemmGops(weights, prefill512_tokens, 2);
   const double model_kernel_ratio = model_gemm_gops > 0 ? prefill512_gops / model_gemm_gops : 0;
@@ -264,8 +267,8 @@ int RunBench(const BenchCliOptions& o) {
     for (const auto& k : kernels_tp)
       std::printf("  %-11s GEMV %8.1f GOP/s (%6.1f GB/s of weights)   GEMM %8.1f GOP/s\n",
                   std::string(kernels::BackendName(k.backend)).c_str(), k.gemv_gops, k.gemv_gbps, k.gemm_gops);
-    std::printf("read bandwidth %.1f GB/s (the best of %d passes; their median %.1f)\n", read_gbps, bandwidth.passes,
-                bandwidth.median_gbps);
+    std::printf("read bandwidth %.1f GB/s (the best of %d passes; the median of its kind's %.1f)\n", read_gbps,
+                bandwidth.passes, bandwidth.median_gbps);
     std::printf("model %s (%d layers, %.2f MB resident):\n", (*src)->Describe().c_str(), spec.n_layers,
                 static_cast<double>(pipeline->WeightBytes()) / 1e6);
     std::printf("  prefill %d tokens: %.1f tok/s\n", r->prefill_tokens, prefill_tps);

@@ -63,6 +63,10 @@ using ShapeTimings = std::array<std::array<double, kBackendCount>, kProductShape
 // Times every backend in `backends` (entries from `entries`) on one product of each shape,
 // on the calling thread alone: the best of a few runs after a warm-up.
 ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend> backends);
+// MeasureReadBandwidth's figures from its passes' seconds, per kind of pass, over `bytes`:
+// the fastest pass of any kind, the median (the lower one of an even count) of that kind's
+// passes, and the passes of every kind. Sorts each kind's times.
+ReadBandwidth SummarizeReadPasses(std::span<std::vector<double>> seconds_per_kind, double bytes);
 // Bumped whenever a unit's code changes, so cached timings of older units are not trusted.
 constexpr int kKernelVersion = 4;
 // A stable description of this CPU (x86: vendor, family/model/stepping and brand string;

@@ -680,5 +680,22 @@ TEST(KernelsTest, ThroughputAndCapacityAreMeasured) {
   EXPECT_GT(MeasureCapacityGemmsPerSecond(), 0.0);
 }
 
+// The read-bandwidth figures from known pass times: the best pass of any kind, and the
+// median of that kind's passes (not of every pass, nor of another kind's).
+TEST(KernelsTest, ReadBandwidthSummaryTakesTheBestPassAndTheMedianOfItsKind) {
+  // 1e9 bytes: GB/s = 1 / seconds. Kind 0's best is 1/0.50 = 2 GB/s; kind 2's is 1/0.25 =
+  // 4 GB/s, the best; kind 2's median pass (lower of an even count, after sorting) is 0.40 s.
+  std::vector<double> times[3] = {{0.5, 0.6, 0.55}, {}, {0.8, 0.25, 0.4, 0.45}};
+  const ReadBandwidth r = internal::SummarizeReadPasses(times, 1e9);
+  EXPECT_DOUBLE_EQ(r.best_gbps, 4.0);
+  EXPECT_DOUBLE_EQ(r.median_gbps, 1.0 / 0.4);
+  EXPECT_EQ(r.passes, 7);
+  // The live measurement gives figures in that order too.
+  const ReadBandwidth live = MeasureReadBandwidth(0.01);
+  EXPECT_GT(live.median_gbps, 0.0);
+  EXPECT_LE(live.median_gbps, live.best_gbps);
+  EXPECT_GE(live.passes, 6);
+}
+
 }  // namespace
 }  // namespace daisy::kernels

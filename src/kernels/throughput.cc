@@ -189,20 +189,27 @@ ReadBandwidth MeasureReadBandwidth(double seconds) {
   }
   volatile uint64_t sink = 0;
   for (uint64_t v : task.sums) sink = sink + v;
-  // The fastest pass, and the median of the passes of its kind.
+  return internal::SummarizeReadPasses(times, static_cast<double>(kBytes));
+}
+
+namespace internal {
+
+ReadBandwidth SummarizeReadPasses(std::span<std::vector<double>> seconds_per_kind, double bytes) {
   ReadBandwidth out;
-  for (std::vector<double>& t : times) {
+  for (std::vector<double>& t : seconds_per_kind) {
     out.passes += static_cast<int>(t.size());
     if (t.empty()) continue;
     std::sort(t.begin(), t.end());
-    const double best = static_cast<double>(kBytes) / t.front() * 1e-9;
+    const double best = bytes / t.front() * 1e-9;
     if (best > out.best_gbps) {
       out.best_gbps = best;
-      out.median_gbps = static_cast<double>(kBytes) / t[(t.size() - 1) / 2] * 1e-9;
+      out.median_gbps = bytes / t[(t.size() - 1) / 2] * 1e-9;
     }
   }
   return out;
 }
+
+}  // namespace internal
 
 double MeasureCapacityGemmsPerSecond() {
   Case ref(1, 4096, 4096);
