@@ -392,6 +392,35 @@ TEST(ThreadPoolTest, EveryTaskRunsOnceFromConcurrentCallers) {
   other.join();
 }
 
+TEST(ThreadPoolTest, ManyTasksClaimedInSharesRunOnceEach) {
+  // A run of many small tasks is claimed a share at a time (thread_pool.h): every task runs
+  // exactly once, none past the end, and Run returns only when the last share is done.
+  ThreadPool pool(3);
+  constexpr int kTasks = 1000;
+  struct Ctx {
+    std::atomic<int> count[kTasks + 8];
+  };
+  auto ctx = std::make_unique<Ctx>();
+  for (auto& c : ctx->count) c.store(0);
+  auto task = [](void* c, int t) {
+    // uneven work, so the threads' claims interleave; now and then a slow task, so a Run
+    // that returned before a claimed share was done would find it unfinished
+    volatile int spin = 0;
+    for (int i = 0; i < (t % 7) * 50; ++i) spin = spin + i;
+    if (t % 97 == 96) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    static_cast<Ctx*>(c)->count[t].fetch_add(1);
+  };
+  for (int rep = 1; rep <= 20; ++rep) {
+    for (int n : {kTasks, 13, 97}) {
+      pool.Run(n, task, ctx.get());
+      for (int t = 0; t < kTasks + 8; ++t) {
+        const int want = t < n ? 1 : 0;
+        ASSERT_EQ(ctx->count[t].exchange(0), want) << "task " << t << " of " << n << ", rep " << rep;
+      }
+    }
+  }
+}
+
 TEST(KernelsTest, ThreadPoolIsExactUnderStress) {
   // Many back-to-back products just above the parallel threshold (where a worker that lags
   // a generation, or a caller that returns before its workers finish, would show), from

@@ -1,5 +1,6 @@
 #include "thread_pool.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace daisy::kernels {
@@ -39,28 +40,34 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-bool ThreadPool::Claim(int* task) {
+bool ThreadPool::Claim(int* first, int* last) {
+  // Guided claims (thread_pool.h): a shrinking share of what is left.
+  const uint64_t share = 4 * static_cast<uint64_t>(threads());
   uint64_t w = work_.load(std::memory_order_acquire);
   for (;;) {
     const uint64_t next = w & 0xFFFF, n = (w >> 16) & 0xFFFF;
     if (next >= n) return false;
-    if (work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
-      *task = static_cast<int>(next);
+    const uint64_t take = std::max<uint64_t>(1, (n - next) / share);
+    if (work_.compare_exchange_weak(w, w + take, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      *first = static_cast<int>(next);
+      *last = static_cast<int>(next + take);
       return true;
     }
   }
 }
 
 void ThreadPool::RunClaimed() {
-  int task;
-  while (Claim(&task)) {
-    // fn_ and ctx_ belong to the run this task was claimed from: Run() does not return (and
-    // cannot overwrite them) before this task is counted done.
+  int first, last;
+  int finished = 0;
+  while (Claim(&first, &last)) {
+    // fn_ and ctx_ belong to the run these tasks were claimed from: Run() does not return
+    // (and cannot overwrite them) before they are counted done.
     t_in_task = true;
-    fn_(ctx_, task);
+    for (int t = first; t < last; ++t) fn_(ctx_, t);
     t_in_task = false;
-    done_.fetch_add(1, std::memory_order_release);
+    finished += last - first;
   }
+  if (finished > 0) done_.fetch_add(finished, std::memory_order_release);
 }
 
 void ThreadPool::WorkerLoop() {
