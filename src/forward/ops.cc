@@ -1,5 +1,6 @@
 #include "ops.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 
@@ -101,9 +102,19 @@ void SoftmaxRows(float* const* rows_at, const int* n, int rows) {
 }
 
 int64_t FirstNonFinite(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    // Exponent all ones = inf or NaN; a bit test stays correct whatever the FP flags.
-    if ((std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u) return i;
+  // Exponent all ones = inf or NaN; a bit test stays correct whatever the FP flags. Blocks
+  // are tested without an early exit, so the compiler vectorizes the test (element by
+  // element with an exit it stayed scalar: 2% of a 512-token prefill, once per layer); only
+  // a block that holds one is searched.
+  constexpr int64_t kBlock = 256;
+  auto bad = [x](int64_t i) { return (std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u; };
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    bool any = false;
+    for (int64_t i = b; i < e; ++i) any |= bad(i);
+    if (!any) continue;
+    for (int64_t i = b; i < e; ++i)
+      if (bad(i)) return i;
   }
   return -1;
 }

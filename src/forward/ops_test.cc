@@ -270,6 +270,21 @@ TEST(Ops, FirstNonFinite) {
   EXPECT_EQ(ops::FirstNonFinite(x.data(), 3), 2);
   x[1] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(ops::FirstNonFinite(x.data(), 3), 1);
+  // Longer rows are tested a block at a time: the first bad value in index order at every
+  // place around the blocks' edges, with a second one after it, and none past n.
+  for (int64_t n : {255, 256, 257, 511, 512, 1000}) {
+    std::vector<float> y(static_cast<size_t>(n) + 1, 0.5f);
+    y[static_cast<size_t>(n)] = std::numeric_limits<float>::infinity();  // past n: never reported
+    EXPECT_EQ(ops::FirstNonFinite(y.data(), n), -1) << n;
+    for (int64_t at : {int64_t{0}, int64_t{1}, int64_t{254}, int64_t{255}, int64_t{256}, int64_t{257}, n - 1}) {
+      if (at < 0 || at >= n) continue;
+      std::vector<float> z = y;
+      z[static_cast<size_t>(at)] = -std::numeric_limits<float>::infinity();
+      if (at + 300 < n) z[static_cast<size_t>(at + 300)] = std::numeric_limits<float>::quiet_NaN();
+      if (at + 1 < n) z[static_cast<size_t>(at + 1)] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_EQ(ops::FirstNonFinite(z.data(), n), at) << "n " << n << ", first at " << at;
+    }
+  }
 }
 
 }  // namespace
