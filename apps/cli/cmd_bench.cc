@@ -169,8 +169,10 @@ int RunBench(const BenchCliOptions& o) {
   if (!r.ok()) return ReportError(r.status().ToString());
   const uint64_t peak_rss = PeakRssBytes();
   const uint64_t rss_budget = pipeline->WeightBytes() + pipeline->CacheBytes() + (uint64_t{64} << 20);
-  const double prefill_tps = r->prefill_seconds > 0 ? r->prefill_tokens / r->prefill_seconds : 0;
-  const double decode_tps = r->decode_seconds > 0 ? r->decode_steps / r->decode_seconds : 0;
+  // count per second, 0 for a phase too short to time
+  const auto per_second = [](double count, double seconds) { return seconds > 0 ? count / seconds : 0; };
+  const double prefill_tps = per_second(r->prefill_tokens, r->prefill_seconds);
+  const double decode_tps = per_second(r->decode_steps, r->decode_seconds);
   const double bytes_per_token = DecodeBytesPerToken(weights, n_prompt + 0.5 * o.decode_tokens);
 
   // prefill of 64 and 512 tokens (as many as the context allows), from position 0
@@ -184,10 +186,10 @@ int RunBench(const BenchCliOptions& o) {
     p.max_tokens = 0;
     const std::vector<int32_t> ids = make_prompt(n);
     DAISY_ASSIGN_OR_RETURN(GenerateResult cold, gen.Generate(ids, p));
-    *cold_tps = cold.prefill_seconds > 0 ? n / cold.prefill_seconds : 0;
+    *cold_tps = per_second(n, cold.prefill_seconds);
     DAISY_ASSIGN_OR_RETURN(GenerateResult pr, gen.Generate(ids, p));
-    *tps = pr.prefill_seconds > 0 ? n / pr.prefill_seconds : 0;
-    *gops = pr.prefill_seconds > 0 ? PrefillOps(weights, n) / pr.prefill_seconds * 1e-9 : 0;
+    *tps = per_second(n, pr.prefill_seconds);
+    *gops = per_second(PrefillOps(weights, n) * 1e-9, pr.prefill_seconds);
     return Status::Ok();
   };
   double prefill64_tps = 0, prefill64_gops = 0, prefill64_cold_tps = 0;

@@ -394,21 +394,27 @@ TEST(ThreadPoolTest, EveryTaskRunsOnceFromConcurrentCallers) {
 
 TEST(ThreadPoolTest, ManyTasksClaimedInSharesRunOnceEach) {
   // A run of many small tasks is claimed a share at a time (thread_pool.h): every task runs
-  // exactly once, none past the end, and Run returns only when the last share is done.
+  // exactly once, none past the end, and Run returns only when the last share is done. The
+  // run's first claim takes tasks [0, n / (4 * threads)) at once, so one thread runs all of
+  // them (claimed one at a time, the spinning workers would take some).
   ThreadPool pool(3);
   constexpr int kTasks = 1000;
   struct Ctx {
     std::atomic<int> count[kTasks + 8];
+    std::thread::id ran_on[kTasks + 8];
   };
   auto ctx = std::make_unique<Ctx>();
   for (auto& c : ctx->count) c.store(0);
   auto task = [](void* c, int t) {
     // uneven work, so the threads' claims interleave; now and then a slow task, so a Run
-    // that returned before a claimed share was done would find it unfinished
+    // that returned before a claimed share was done would find it unfinished; task 0 slow
+    // too, so the other threads are claiming while its share is still running
     volatile int spin = 0;
     for (int i = 0; i < (t % 7) * 50; ++i) spin = spin + i;
-    if (t % 97 == 96) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    static_cast<Ctx*>(c)->count[t].fetch_add(1);
+    if (t % 97 == 96 || t == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    auto& k = *static_cast<Ctx*>(c);
+    k.ran_on[t] = std::this_thread::get_id();
+    k.count[t].fetch_add(1);
   };
   for (int rep = 1; rep <= 20; ++rep) {
     for (int n : {kTasks, 13, 97}) {
@@ -417,6 +423,9 @@ TEST(ThreadPoolTest, ManyTasksClaimedInSharesRunOnceEach) {
         const int want = t < n ? 1 : 0;
         ASSERT_EQ(ctx->count[t].exchange(0), want) << "task " << t << " of " << n << ", rep " << rep;
       }
+      const int first_share = std::max(1, n / (4 * pool.threads()));
+      for (int t = 1; t < first_share; ++t)
+        ASSERT_EQ(ctx->ran_on[t], ctx->ran_on[0]) << "task " << t << " of the first share of " << n << ", rep " << rep;
     }
   }
 }
