@@ -21,18 +21,23 @@ std::string At(int layer, int position) {
 }
 
 // The error for a product whose input x (m, k) was refused as non-finite.
-Status NonFiniteInput(const char* what, const float* x, int k, int layer, const std::vector<int32_t>& positions) {
-  const int64_t n = static_cast<int64_t>(positions.size()) * k;
-  const int64_t bad = ops::FirstNonFinite(x, n);
-  const int row = bad < 0 ? 0 : static_cast<int>(bad / k);
+Status NonFiniteInput(const char* what, const float* x, int k, int layer, const std::vector<int32_t>& positions,
+                      int i0 = 0, int i1 = -1) {
+  if (i1 < 0) i1 = static_cast<int>(positions.size());
+  const int64_t bad =
+      ops::FirstNonFinite(x + static_cast<size_t>(i0) * static_cast<size_t>(k), static_cast<int64_t>(i1 - i0) * k);
+  const int row = i0 + (bad < 0 ? 0 : static_cast<int>(bad / k));
   return DataLoss(At(layer, positions[static_cast<size_t>(row)]) + ": non-finite " + what + "; refused");
 }
 
-// Refuses hidden states holding inf or NaN, naming where.
-Status CheckFinite(const HiddenStates& h, const std::string& where) {
-  const int64_t bad = ops::FirstNonFinite(h.values.data(), static_cast<int64_t>(h.values.size()));
+// Refuses hidden states holding inf or NaN in rows [i0, i1) (default: all), naming where.
+Status CheckFinite(const HiddenStates& h, const std::string& where, int i0 = 0, int i1 = -1) {
+  if (i1 < 0) i1 = h.n_tokens();
+  const size_t dim = static_cast<size_t>(h.hidden);
+  const int64_t bad =
+      ops::FirstNonFinite(h.values.data() + static_cast<size_t>(i0) * dim, static_cast<int64_t>(i1 - i0) * h.hidden);
   if (bad < 0) return Status::Ok();
-  const int row = static_cast<int>(bad / h.hidden);
+  const int row = i0 + static_cast<int>(bad / h.hidden);
   return DataLoss(where + ", position " + std::to_string(h.positions[static_cast<size_t>(row)]) +
                   ": non-finite hidden state; refused");
 }
@@ -109,10 +114,30 @@ bool MatMulTerms(const float* x, int m, int x_terms, const kernels::QuantizedMat
 // split makes the same choice. A wide row against a one-term matrix (every wide model's
 // case) is kernels::MatMul, which quantizes the rows across the pool.
 constexpr int kTwoTermMaxK = 256;
+// Whether x enters w's product as one int8 term per row against one weight term: then
+// Product is kernels::MatMul, QuantizeRow per row then MatMulQ, and a caller that has the
+// rows in cache may quantize them itself (QuantizeRows) and call ProductOfQuantized.
+bool OneTermProduct(const kernels::QuantizedMatrix& w) {
+  return w.k > kTwoTermMaxK && !w.two_terms();
+}
 bool Product(const float* x, int m, const kernels::QuantizedMatrix& w, float* y) {
-  const int x_terms = w.k <= kTwoTermMaxK ? 2 : 1;
-  if (x_terms == 1 && !w.two_terms()) return kernels::MatMul(x, m, w.View(), y);
-  return MatMulTerms(x, m, x_terms, w, y);
+  if (OneTermProduct(w)) return kernels::MatMul(x, m, w.View(), y);
+  return MatMulTerms(x, m, w.k <= kTwoTermMaxK ? 2 : 1, w, y);
+}
+// Rows [i0, i1) of x (k wide) quantized as kernels::MatMul does, into xq / xs at the same
+// rows; false when one is not finite.
+bool QuantizeRows(const float* x, int k, int i0, int i1, int8_t* xq, float* xs) {
+  bool ok = true;
+  for (int i = i0; i < i1; ++i) {
+    const size_t at = static_cast<size_t>(i) * static_cast<size_t>(k);
+    ok = kernels::QuantizeRow(x + at, k, xq + at, &xs[i]) && ok;
+  }
+  return ok;
+}
+// Product for a OneTermProduct matrix whose m rows QuantizeRows already quantized: the bits
+// of kernels::MatMul.
+void ProductOfQuantized(const int8_t* xq, const float* xs, int m, const kernels::QuantizedMatrix& w, float* y) {
+  kernels::MatMulQ(xq, xs, m, static_cast<size_t>(w.k), w.View(), y, static_cast<size_t>(w.n));
 }
 
 // Query rows attended together: bounds the score buffer to kQueryBlock * group * ctx. A
@@ -389,6 +414,24 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
   return Status::Ok();
 }
 
+// Below this many elements a batch's MLP activation stays on the caller: a decode row (a
+// few thousand elements, tens of microseconds) costs less than waking the pool.
+constexpr int64_t kMinParallelActivation = 32768;
+
+// The MLP's activation of one row's columns [j0, j1): a = silu(gate) * up (gated) or
+// act(gate), from g holding the row's gate then up.
+void MlpActivationRow(const ModelSpec& s, const float* g, int j0, int j1, float* a) {
+  const float* u = s.gated_mlp ? g + s.intermediate : nullptr;
+  if (s.activation == Activation::kSilu) {
+    // ops::Silu(x) * up, vectorized per CPU (kernels::Silu: the same bits)
+    kernels::Silu(g + j0, u == nullptr ? nullptr : u + j0, j1 - j0, a + j0);
+  } else {
+    for (int j = j0; j < j1; ++j) a[j] = ops::GeluNew(g[j]);
+    if (u != nullptr)
+      for (int j = j0; j < j1; ++j) a[j] = a[j] * u[j];
+  }
+}
+
 // The MLP's activation for n rows: act (n, ffn) = silu(gate) * up (gated) or act(gate),
 // from hb (n, gu) holding gate then up per row. Elementwise, so the rows are spread over the
 // kernels' pool (exp / tanh took a quarter of a serial prefill); each element's bits are
@@ -400,28 +443,16 @@ void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* ac
     int gu, n;
     float* act;
   } task{&s, hb, gu, n, act};
-  // Tasks of up to kColumns elements of one row. A decode row (a few thousand elements,
-  // tens of microseconds) stays on the caller: waking the pool costs more than it saves.
+  // Tasks of up to kColumns elements of one row.
   constexpr int kColumns = 1024;
-  constexpr int64_t kMinParallel = 32768;
+  constexpr int64_t kMinParallel = kMinParallelActivation;
   const int chunks = (s.intermediate + kColumns - 1) / kColumns;
   void (*fn)(void*, int) = [](void* ctx, int t) {
     const Task& k = *static_cast<const Task*>(ctx);
     const int ffn = k.s->intermediate;
     const int chunks = (ffn + kColumns - 1) / kColumns;
     const int i = t / chunks, j0 = (t % chunks) * kColumns, j1 = std::min(ffn, j0 + kColumns);
-    const bool silu = k.s->activation == Activation::kSilu;
-    const float* g = k.hb + static_cast<size_t>(i) * k.gu;
-    float* a = k.act + static_cast<size_t>(i) * ffn;
-    const float* u = k.s->gated_mlp ? g + ffn : nullptr;
-    if (silu) {
-      // ops::Silu(x) * up, vectorized per CPU (kernels::Silu: the same bits)
-      kernels::Silu(g + j0, u == nullptr ? nullptr : u + j0, j1 - j0, a + j0);
-    } else {
-      for (int j = j0; j < j1; ++j) a[j] = ops::GeluNew(g[j]);
-      if (u != nullptr)
-        for (int j = j0; j < j1; ++j) a[j] = a[j] * u[j];
-    }
+    MlpActivationRow(*k.s, k.hb + static_cast<size_t>(i) * k.gu, j0, j1, k.act + static_cast<size_t>(i) * ffn);
   };
   if (int64_t{n} * s.intermediate < kMinParallel) {
     for (int t = 0; t < n * chunks; ++t) fn(&task, t);
@@ -455,14 +486,29 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // thread_local (each thread would see its own, empty, scratch): they use these pointers.
   float* const xb_rows = xb.data();
   float* const qkv_rows = qkv.data();
+  // A norm's rows that enter a one-term product are quantized by the task that normed them,
+  // while they are in its cache (as kernels::MatMul would: the same bits), saving the
+  // product a pass over them and the pool a dispatch.
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs;
+  xq.resize(static_cast<size_t>(n) * static_cast<size_t>(std::max(dim, ffn)));
+  xs.resize(static_cast<size_t>(n));
+  int8_t* const xq_rows = xq.data();
+  float* const xs_rows = xs.data();
   // attention norm
+  const bool qkv_quantized = OneTermProduct(lw.qkv);
   auto attn_norm = [&](int i0, int i1) {
     NormRows(s, x, i0, i1, lw.attn_norm, lw.attn_norm_bias, xb_rows);
+    if (qkv_quantized && !QuantizeRows(xb_rows, dim, i0, i1, xq_rows, xs_rows))
+      return NonFiniteInput("attention input", xb_rows, dim, l, pos, i0, i1);
     return Status::Ok();
   };
   DAISY_RETURN_IF_ERROR(ForRowBlocks(n, attn_norm));
   // q, k, v projections (one product)
-  if (!Product(xb.data(), n, lw.qkv, qkv.data())) return NonFiniteInput("attention input", xb.data(), dim, l, pos);
+  if (qkv_quantized)
+    ProductOfQuantized(xq_rows, xs_rows, n, lw.qkv, qkv_rows);
+  else if (!Product(xb.data(), n, lw.qkv, qkv.data()))
+    return NonFiniteInput("attention input", xb.data(), dim, l, pos);
   // RoPE on q and k, then k and v enter the cache, per (position, kv head): k as two int8
   // terms (the second quantizes the first's residual, computed in f32 element by element), v
   // as one (two in a narrow model), transposed. Rows run in blocks that end on multiples of
@@ -533,31 +579,59 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   if (!Product(att.data(), n, lw.o, o.data())) return NonFiniteInput("attention output", att.data(), q_dim, l, pos);
   // residual, then the MLP norm, block by block (the rows' adds ran serially before)
   const float* const o_rows = o.data();
+  const bool gate_up_quantized = OneTermProduct(lw.gate_up);
   auto mlp_norm = [&](int i0, int i1) {
     const size_t e0 = static_cast<size_t>(i0) * dim, e1 = static_cast<size_t>(i1) * dim;
     for (size_t e = e0; e < e1; ++e) x[e] = x[e] + o_rows[e];
     NormRows(s, x, i0, i1, lw.mlp_norm, lw.mlp_norm_bias, xb_rows);
+    if (gate_up_quantized && !QuantizeRows(xb_rows, dim, i0, i1, xq_rows, xs_rows))
+      return NonFiniteInput("MLP input", xb_rows, dim, l, pos, i0, i1);
     return Status::Ok();
   };
   DAISY_RETURN_IF_ERROR(ForRowBlocks(n, mlp_norm));
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
   hb.resize(static_cast<size_t>(n) * gu);
-  if (!Product(xb.data(), n, lw.gate_up, hb.data())) return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
+  if (gate_up_quantized)
+    ProductOfQuantized(xq_rows, xs_rows, n, lw.gate_up, hb.data());
+  else if (!Product(xb.data(), n, lw.gate_up, hb.data()))
+    return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
   // SwiGLU: silu(gate) * up | GELU (tanh approximation)
   act.resize(static_cast<size_t>(n) * ffn);
-  MlpActivation(s, hb.data(), gu, n, act.data());
-  // down projection
-  if (!Product(act.data(), n, lw.down, o.data())) return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
-  // residual, block by block
+  if (OneTermProduct(lw.down)) {
+    // Each row's activation is quantized as soon as it is computed, still in cache: a task
+    // per row across the pool once the batch is large enough to pay for waking it (as
+    // MlpActivation), so a short prefill chunk of a wide MLP still spreads.
+    const float* const hb_rows = hb.data();
+    float* const act_rows = act.data();
+    auto activation = [&](int i) {
+      MlpActivationRow(s, hb_rows + static_cast<size_t>(i) * gu, 0, ffn, act_rows + static_cast<size_t>(i) * ffn);
+      if (!QuantizeRows(act_rows, ffn, i, i + 1, xq_rows, xs_rows))
+        return NonFiniteInput("MLP activation", act_rows, ffn, l, pos, i, i + 1);
+      return Status::Ok();
+    };
+    if (int64_t{n} * ffn < kMinParallelActivation || kernels::Threads() <= 1) {
+      for (int i = 0; i < n; ++i) DAISY_RETURN_IF_ERROR(activation(i));
+    } else {
+      DAISY_RETURN_IF_ERROR(ParallelTasks(n, activation));
+    }
+    // down projection
+    ProductOfQuantized(xq_rows, xs_rows, n, lw.down, o.data());
+  } else {
+    MlpActivation(s, hb.data(), gu, n, act.data());
+    // down projection
+    if (!Product(act.data(), n, lw.down, o.data())) return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
+  }
+  // residual, block by block, and each block's rows refused if not finite (never forwarded)
+  // while they are in cache; the first failing block in row order is the one reported
+  const std::string where = "layer " + std::to_string(l);
   auto residual = [&](int i0, int i1) {
     const size_t e0 = static_cast<size_t>(i0) * dim, e1 = static_cast<size_t>(i1) * dim;
     for (size_t e = e0; e < e1; ++e) x[e] = x[e] + o_rows[e];
-    return Status::Ok();
+    return CheckFinite(h, where, i0, i1);
   };
   DAISY_RETURN_IF_ERROR(ForRowBlocks(n, residual));
-  // refuse non-finite hidden states (never forwarded)
-  return CheckFinite(h, "layer " + std::to_string(l));
+  return Status::Ok();
 }
 
 Status CheckBatch(const ModelSpec& spec, const HiddenStates& h) {

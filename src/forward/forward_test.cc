@@ -135,6 +135,54 @@ TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
   kernels::SetThreads(before);
 }
 
+// Wide models (rows over 256 values enter their products as one int8 term) on 3 threads:
+// a 40-token prefill runs its norms, activations and residuals in row blocks across the
+// pool, each quantizing its rows for the next product, then 4 single steps run on the
+// caller. A 64-bit digest of every logit on every backend this CPU has, against one value
+// computed before those steps were fused with the quantization (the session-13 forward): a
+// fused step that quantized the wrong rows, or skipped a row, changes it. Change kGolden
+// only with a deliberate change of the arithmetic (docs/KERNELS.md).
+TEST(Forward, WideModelsKeepTheirGoldenDigest) {
+  ModelSpec llama = TinyLlamaSpec(2);
+  llama.hidden = 320, llama.n_heads = 5, llama.n_kv_heads = 1, llama.head_dim = 64, llama.intermediate = 640;
+  ModelSpec gpt2 = TinyGpt2Spec(2);
+  gpt2.hidden = 288, gpt2.n_heads = 4, gpt2.n_kv_heads = 4, gpt2.head_dim = 72, gpt2.intermediate = 1152;
+  auto fnv = [](uint64_t h, const void* data, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+  };
+  const int threads = kernels::Threads();
+  const kernels::Backend before = kernels::ActiveBackend();
+  kernels::SetThreads(3);
+  const uint64_t kGolden[2] = {0xeb4eb2a22be8afd6ULL, 0x1e9ff671dc329fb0ULL};  // x86-64, every backend
+  int spec_index = 0;
+  for (const ModelSpec& spec : {llama, gpt2}) {
+    ASSERT_FALSE(NarrowModel(spec));
+    const HostTensors t = RandomTensors(spec, 31);
+    const std::vector<int32_t> ids = Prompt(spec, 44, 32);
+    for (const auto& st : kernels::BackendReport()) {
+      if (!st.supported || !st.gate_passed) continue;
+      ASSERT_TRUE(kernels::SetBackend(st.backend).ok());
+      LocalPipeline p = MustPipeline(spec, t, {spec.n_layers}, 128);
+      std::vector<float> all = AllLogits(p.head(), std::span<const int32_t>(ids).subspan(0, 40), 40);
+      for (int i = 40; i < 44; ++i) {
+        auto step = p.head().ForwardAll(std::span<const int32_t>(ids).subspan(static_cast<size_t>(i), 1), i);
+        ASSERT_TRUE(step.ok()) << step.status().ToString();
+        all.insert(all.end(), step->begin(), step->end());
+      }
+      ASSERT_EQ(all.size(), 44 * static_cast<size_t>(spec.vocab));
+      const uint64_t h = fnv(0xcbf29ce484222325ULL, all.data(), all.size() * sizeof(float));
+      std::printf("%s digest on %s: 0x%016llx\n", spec.model_type.c_str(),
+                  std::string(kernels::BackendName(st.backend)).c_str(), static_cast<unsigned long long>(h));
+      EXPECT_EQ(h, kGolden[spec_index]) << spec.model_type << " on " << kernels::BackendName(st.backend);
+    }
+    ++spec_index;
+  }
+  ASSERT_TRUE(kernels::SetBackend(before).ok());
+  kernels::SetThreads(threads);
+}
+
 TEST(Forward, RewindRecomputesTheSameBits) {
   const ModelSpec s = TinyLlamaSpec(2);
   LocalPipeline p = MustPipeline(s, RandomTensors(s, 4), {1, 1});
@@ -484,6 +532,33 @@ TEST(Forward, NonFiniteActivationIsRefusedNamingLayerAndPosition) {
   EXPECT_NE(st.message().find("layer 1"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("position 3"), std::string::npos) << st.message();
   EXPECT_EQ(kv.length(), 0);  // nothing was committed
+
+  // A wide model's rows are normed and quantized in blocks of 16 across the pool: of two
+  // bad rows in different blocks, the first in row order is named, whichever finished first.
+  ModelSpec wide = TinyLlamaSpec(2);
+  wide.hidden = 320, wide.n_heads = 5, wide.n_kv_heads = 1, wide.head_dim = 64, wide.intermediate = 640;
+  auto ww = StageWeights::FromTensors(wide, RandomTensors(wide, 22), 0, 2, false);
+  ASSERT_TRUE(ww.ok());
+  const int threads = kernels::Threads();
+  kernels::SetThreads(3);
+  for (const int first_bad : {21, 37}) {
+    KvCache wkv(wide, 0, 2, 64);
+    HiddenStates wh;
+    wh.hidden = wide.hidden;
+    wh.positions.resize(40);
+    std::iota(wh.positions.begin(), wh.positions.end(), 0);
+    wh.values.assign(40 * static_cast<size_t>(wide.hidden), 0.5f);
+    for (const int row : {first_bad, 38})
+      wh.values[static_cast<size_t>(row) * static_cast<size_t>(wide.hidden) + 300] =
+          std::numeric_limits<float>::infinity();
+    const Status ws = RunLayers(*ww, 0, 2, wh, wkv);
+    ASSERT_FALSE(ws.ok());
+    EXPECT_NE(ws.message().find("layer 0, position " + std::to_string(first_bad) + ": non-finite attention input"),
+              std::string::npos)
+        << ws.message();
+    EXPECT_EQ(wkv.length(), 0);
+  }
+  kernels::SetThreads(threads);
 
   // A link that hands back inf is refused at the head before the readout.
   struct Poison final : StageLink {
