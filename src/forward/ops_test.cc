@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -182,6 +183,9 @@ TEST(Ops, SoftmaxMatchesDoubleReference) {
 // the 8-row groups' rows end at different places), a row count that is not a multiple of 8,
 // long rows (255 to 290: a sum taken in another order rounds differently, so it shows;
 // reversing one row's interleaved sum fails here), and maxima that tie between +0 and -0.
+// Rows whose x - max all lie in [-87, 0] take ExpN's one-step path alone; the others, with
+// values just below -87 (where 2^k is no longer normal: taking that path for them gives 0
+// instead of a subnormal), below -104 (0) or an infinity, take the whole of ExpN.
 TEST(Ops, SoftmaxRowsEqualsSoftmaxOnEveryRowBitForBit) {
   uint64_t state = 12345;
   auto next = [&state] {
@@ -199,6 +203,14 @@ TEST(Ops, SoftmaxRowsEqualsSoftmaxOnEveryRowBitForBit) {
   rows[4][3] = -0.0f;
   rows[4][200] = 0.0f;
   rows[4][250] = -0.0f;
+  // every 1/64 from 0 down to -87 (the one-step path's whole range), then rows reaching
+  // just past it, far past it, and an infinity
+  std::vector<float> sweep;
+  for (int i = 0; i <= 87 * 64; ++i) sweep.push_back(5.0f - static_cast<float>(i) / 64.0f);
+  rows.push_back(sweep);
+  rows.push_back({3.0f, -84.1f, -84.9f, 2.5f, -85.0f, 3.0f});  // x - max = -87.1, -87.9, -88
+  rows.push_back({0.0f, -90.0f, -103.0f, -110.0f, -1.0f});
+  rows.push_back({1.0f, -std::numeric_limits<float>::infinity(), 0.5f});
   std::vector<float*> at;
   std::vector<int> n;
   for (auto& r : rows) {
