@@ -183,7 +183,8 @@ TEST(Ops, SoftmaxMatchesDoubleReference) {
 // the 8-row groups' rows end at different places), a row count that is not a multiple of 8,
 // long rows (255 to 290: a sum taken in another order rounds differently, so it shows;
 // reversing one row's interleaved sum fails here), and maxima that tie between +0 and -0.
-// Rows whose x - max all lie in [-87, 0] take ExpN's one-step path alone; the others, with
+// Rows whose x - max all lie in [-87, 0] take ExpN's one-step path alone (its range is
+// [-87, 88]; a softmax's values are at most 0); the others, with
 // values just below -87 (where 2^k is no longer normal: taking that path for them gives 0
 // instead of a subnormal), below -104 (0) or an infinity, take the whole of ExpN.
 TEST(Ops, SoftmaxRowsEqualsSoftmaxOnEveryRowBitForBit) {
@@ -234,12 +235,25 @@ TEST(Ops, KernelSiluEqualsSiluTimesUpBitForBit) {
     state = state * 6364136223846793005ULL + 1442695040888963407ULL;
     return static_cast<float>(static_cast<int>(state >> 40) % 200001) / 1000.0f - 100.0f;
   };
+  // Seeded rows of every length up to 40 (short ones mostly within [-88, 87], longer ones
+  // not), then rows that take ExpN's one-step path alone (-g in [-87, 88]: a sweep in steps
+  // of 1/64) and rows just outside it (-g = 88.5: k = 128, where the one-step scaling gives
+  // inf and Exp a finite value; moving the bound to 89 fails here; -g = -87.5).
+  std::vector<std::vector<float>> rows;
   for (int n = 1; n <= 40; ++n) {
-    std::vector<float> g(static_cast<size_t>(n)), u(g.size()), got(g.size()), plain(g.size());
-    for (size_t i = 0; i < g.size(); ++i) {
-      g[i] = i % 9 == 4 ? 0.0f : next() / (i % 3 == 0 ? 10.0f : 1.0f);
-      u[i] = next();
-    }
+    std::vector<float> g(static_cast<size_t>(n));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = i % 9 == 4 ? 0.0f : next() / (i % 3 == 0 ? 10.0f : 1.0f);
+    rows.push_back(g);
+  }
+  std::vector<float> sweep;
+  for (int i = 0; i <= 175 * 64; ++i) sweep.push_back(-88.0f + static_cast<float>(i) / 64.0f);
+  rows.push_back(sweep);
+  rows.push_back({1.0f, -88.5f, 2.0f});
+  rows.push_back({1.0f, 87.5f, -3.0f});
+  for (const std::vector<float>& g : rows) {
+    const int n = static_cast<int>(g.size());
+    std::vector<float> u(g.size()), got(g.size()), plain(g.size());
+    for (float& v : u) v = next();
     kernels::Silu(g.data(), u.data(), n, got.data());
     kernels::Silu(g.data(), nullptr, n, plain.data());
     for (size_t i = 0; i < g.size(); ++i) {
