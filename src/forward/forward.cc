@@ -20,7 +20,8 @@ std::string At(int layer, int position) {
   return "layer " + std::to_string(layer) + ", position " + std::to_string(position);
 }
 
-// The error for a product whose input x (m, k) was refused as non-finite.
+// The error for a product whose input x (m, k) was refused as non-finite: the first bad row
+// of rows [i0, i1) (default: all) is named.
 Status NonFiniteInput(const char* what, const float* x, int k, int layer, const std::vector<int32_t>& positions,
                       int i0 = 0, int i1 = -1) {
   if (i1 < 0) i1 = static_cast<int>(positions.size());
