@@ -117,28 +117,13 @@ bool MatMulTerms(const float* x, int m, int x_terms, const kernels::QuantizedMat
 constexpr int kTwoTermMaxK = 256;
 // Whether x enters w's product as one int8 term per row against one weight term: then
 // Product is kernels::MatMul, QuantizeRow per row then MatMulQ, and a caller that has the
-// rows in cache may quantize them itself (QuantizeRows) and call ProductOfQuantized.
+// rows in cache may quantize them itself (QuantizeForProduct, then LayerProduct).
 bool OneTermProduct(const kernels::QuantizedMatrix& w) {
   return w.k > kTwoTermMaxK && !w.two_terms();
 }
 bool Product(const float* x, int m, const kernels::QuantizedMatrix& w, float* y) {
   if (OneTermProduct(w)) return kernels::MatMul(x, m, w.View(), y);
   return MatMulTerms(x, m, w.k <= kTwoTermMaxK ? 2 : 1, w, y);
-}
-// Rows [i0, i1) of x (k wide) quantized as kernels::MatMul does, into xq / xs at the same
-// rows; false when one is not finite.
-bool QuantizeRows(const float* x, int k, int i0, int i1, int8_t* xq, float* xs) {
-  bool ok = true;
-  for (int i = i0; i < i1; ++i) {
-    const size_t at = static_cast<size_t>(i) * static_cast<size_t>(k);
-    ok = kernels::QuantizeRow(x + at, k, xq + at, &xs[i]) && ok;
-  }
-  return ok;
-}
-// Product for a OneTermProduct matrix whose m rows QuantizeRows already quantized: the bits
-// of kernels::MatMul.
-void ProductOfQuantized(const int8_t* xq, const float* xs, int m, const kernels::QuantizedMatrix& w, float* y) {
-  kernels::MatMulQ(xq, xs, m, static_cast<size_t>(w.k), w.View(), y, static_cast<size_t>(w.n));
 }
 
 // Query rows attended together: bounds the score buffer to kQueryBlock * group * ctx. A
@@ -415,51 +400,46 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
   return Status::Ok();
 }
 
-// Below this many elements a batch's MLP activation stays on the caller: a decode row (a
-// few thousand elements, tens of microseconds) costs less than waking the pool.
-constexpr int64_t kMinParallelActivation = 32768;
-
-// The MLP's activation of one row's columns [j0, j1): a = silu(gate) * up (gated) or
-// act(gate), from g holding the row's gate then up.
-void MlpActivationRow(const ModelSpec& s, const float* g, int j0, int j1, float* a) {
-  const float* u = s.gated_mlp ? g + s.intermediate : nullptr;
+// The MLP's activation of one row: a = silu(gate) * up (gated) or act(gate), from g holding
+// the row's gate then up.
+void MlpActivationRow(const ModelSpec& s, const float* g, float* a) {
+  const int ffn = s.intermediate;
+  const float* u = s.gated_mlp ? g + ffn : nullptr;
   if (s.activation == Activation::kSilu) {
     // ops::Silu(x) * up, vectorized per CPU (kernels::Silu: the same bits)
-    kernels::Silu(g + j0, u == nullptr ? nullptr : u + j0, j1 - j0, a + j0);
+    kernels::Silu(g, u, ffn, a);
   } else {
-    for (int j = j0; j < j1; ++j) a[j] = ops::GeluNew(g[j]);
+    for (int j = 0; j < ffn; ++j) a[j] = ops::GeluNew(g[j]);
     if (u != nullptr)
-      for (int j = j0; j < j1; ++j) a[j] = a[j] * u[j];
+      for (int j = 0; j < ffn; ++j) a[j] = a[j] * u[j];
   }
 }
 
-// The MLP's activation for n rows: act (n, ffn) = silu(gate) * up (gated) or act(gate),
-// from hb (n, gu) holding gate then up per row. Elementwise, so the rows are spread over the
-// kernels' pool (exp / tanh took a quarter of a serial prefill); each element's bits are
-// the same whichever thread computes it.
-void MlpActivation(const ModelSpec& s, const float* hb, int gu, int n, float* act) {
-  struct Task {
-    const ModelSpec* s;
-    const float* hb;
-    int gu, n;
-    float* act;
-  } task{&s, hb, gu, n, act};
-  // Tasks of up to kColumns elements of one row.
-  constexpr int kColumns = 1024;
-  constexpr int64_t kMinParallel = kMinParallelActivation;
-  const int chunks = (s.intermediate + kColumns - 1) / kColumns;
-  void (*fn)(void*, int) = [](void* ctx, int t) {
-    const Task& k = *static_cast<const Task*>(ctx);
-    const int ffn = k.s->intermediate;
-    const int chunks = (ffn + kColumns - 1) / kColumns;
-    const int i = t / chunks, j0 = (t % chunks) * kColumns, j1 = std::min(ffn, j0 + kColumns);
-    MlpActivationRow(*k.s, k.hb + static_cast<size_t>(i) * k.gu, j0, j1, k.act + static_cast<size_t>(i) * ffn);
-  };
-  if (int64_t{n} * s.intermediate < kMinParallel) {
-    for (int t = 0; t < n * chunks; ++t) fn(&task, t);
-  } else {
-    kernels::ParallelFor(n * chunks, fn, &task);
+// Rows [i0, i1) of x (k wide) quantized into xq / xs at the same rows, when `quantize` (the
+// next product is a OneTermProduct: what kernels::MatMul would do, by the task that has the
+// rows in cache); a non-finite row is refused as NonFiniteInput names it.
+Status QuantizeForProduct(bool quantize, const float* x, int k, int i0, int i1, int8_t* xq, float* xs, const char* what,
+                          int layer, const std::vector<int32_t>& positions) {
+  if (!quantize) return Status::Ok();
+  bool ok = true;
+  for (int i = i0; i < i1; ++i) {
+    const size_t at = static_cast<size_t>(i) * static_cast<size_t>(k);
+    ok = kernels::QuantizeRow(x + at, k, xq + at, &xs[i]) && ok;
   }
+  return ok ? Status::Ok() : NonFiniteInput(what, x, k, layer, positions, i0, i1);
+}
+
+// y = x . w^T for the batch's n rows: from xq / xs when QuantizeForProduct quantized them
+// (the bits of kernels::MatMul), else through Product, which refuses a non-finite row.
+Status LayerProduct(bool quantized, const int8_t* xq, const float* xs, const float* x, int n,
+                    const kernels::QuantizedMatrix& w, float* y, const char* what, int layer,
+                    const std::vector<int32_t>& positions) {
+  if (quantized) {
+    kernels::MatMulQ(xq, xs, n, static_cast<size_t>(w.k), w.View(), y, static_cast<size_t>(w.n));
+    return Status::Ok();
+  }
+  if (!Product(x, n, w, y)) return NonFiniteInput(what, x, w.k, layer, positions);
+  return Status::Ok();
 }
 
 // One transformer block over the batch, in place.
@@ -487,9 +467,9 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // thread_local (each thread would see its own, empty, scratch): they use these pointers.
   float* const xb_rows = xb.data();
   float* const qkv_rows = qkv.data();
-  // A norm's rows that enter a one-term product are quantized by the task that normed them,
-  // while they are in its cache (as kernels::MatMul would: the same bits), saving the
-  // product a pass over them and the pool a dispatch.
+  // Rows that enter a one-term product (a norm's, the MLP activation's) are quantized by the
+  // task that computed them, while they are in its cache (as kernels::MatMul would: the same
+  // bits), saving the product a pass over them and the pool a dispatch.
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> xs;
   xq.resize(static_cast<size_t>(n) * static_cast<size_t>(std::max(dim, ffn)));
@@ -500,16 +480,12 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   const bool qkv_quantized = OneTermProduct(lw.qkv);
   auto attn_norm = [&](int i0, int i1) {
     NormRows(s, x, i0, i1, lw.attn_norm, lw.attn_norm_bias, xb_rows);
-    if (qkv_quantized && !QuantizeRows(xb_rows, dim, i0, i1, xq_rows, xs_rows))
-      return NonFiniteInput("attention input", xb_rows, dim, l, pos, i0, i1);
-    return Status::Ok();
+    return QuantizeForProduct(qkv_quantized, xb_rows, dim, i0, i1, xq_rows, xs_rows, "attention input", l, pos);
   };
   DAISY_RETURN_IF_ERROR(ForRowBlocks(n, attn_norm));
   // q, k, v projections (one product)
-  if (qkv_quantized)
-    ProductOfQuantized(xq_rows, xs_rows, n, lw.qkv, qkv_rows);
-  else if (!Product(xb.data(), n, lw.qkv, qkv.data()))
-    return NonFiniteInput("attention input", xb.data(), dim, l, pos);
+  DAISY_RETURN_IF_ERROR(
+      LayerProduct(qkv_quantized, xq_rows, xs_rows, xb_rows, n, lw.qkv, qkv_rows, "attention input", l, pos));
   // RoPE on q and k, then k and v enter the cache, per (position, kv head): k as two int8
   // terms (the second quantizes the first's residual, computed in f32 element by element), v
   // as one (two in a narrow model), transposed. Rows run in blocks that end on multiples of
@@ -577,7 +553,8 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // attention (causal; sliding window where the layer has one)
   DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   // output projection
-  if (!Product(att.data(), n, lw.o, o.data())) return NonFiniteInput("attention output", att.data(), q_dim, l, pos);
+  DAISY_RETURN_IF_ERROR(
+      LayerProduct(false, nullptr, nullptr, att.data(), n, lw.o, o.data(), "attention output", l, pos));
   // residual, then the MLP norm, block by block (the rows' adds ran serially before)
   const float* const o_rows = o.data();
   const bool gate_up_quantized = OneTermProduct(lw.gate_up);
@@ -585,44 +562,36 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     const size_t e0 = static_cast<size_t>(i0) * dim, e1 = static_cast<size_t>(i1) * dim;
     for (size_t e = e0; e < e1; ++e) x[e] = x[e] + o_rows[e];
     NormRows(s, x, i0, i1, lw.mlp_norm, lw.mlp_norm_bias, xb_rows);
-    if (gate_up_quantized && !QuantizeRows(xb_rows, dim, i0, i1, xq_rows, xs_rows))
-      return NonFiniteInput("MLP input", xb_rows, dim, l, pos, i0, i1);
-    return Status::Ok();
+    return QuantizeForProduct(gate_up_quantized, xb_rows, dim, i0, i1, xq_rows, xs_rows, "MLP input", l, pos);
   };
   DAISY_RETURN_IF_ERROR(ForRowBlocks(n, mlp_norm));
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
   hb.resize(static_cast<size_t>(n) * gu);
-  if (gate_up_quantized)
-    ProductOfQuantized(xq_rows, xs_rows, n, lw.gate_up, hb.data());
-  else if (!Product(xb.data(), n, lw.gate_up, hb.data()))
-    return NonFiniteInput("MLP input", xb.data(), dim, l, pos);
+  DAISY_RETURN_IF_ERROR(
+      LayerProduct(gate_up_quantized, xq_rows, xs_rows, xb_rows, n, lw.gate_up, hb.data(), "MLP input", l, pos));
   // SwiGLU: silu(gate) * up | GELU (tanh approximation)
   act.resize(static_cast<size_t>(n) * ffn);
-  if (OneTermProduct(lw.down)) {
-    // Each row's activation is quantized as soon as it is computed, still in cache: a task
-    // per row across the pool once the batch is large enough to pay for waking it (as
-    // MlpActivation), so a short prefill chunk of a wide MLP still spreads.
-    const float* const hb_rows = hb.data();
-    float* const act_rows = act.data();
-    auto activation = [&](int i) {
-      MlpActivationRow(s, hb_rows + static_cast<size_t>(i) * gu, 0, ffn, act_rows + static_cast<size_t>(i) * ffn);
-      if (!QuantizeRows(act_rows, ffn, i, i + 1, xq_rows, xs_rows))
-        return NonFiniteInput("MLP activation", act_rows, ffn, l, pos, i, i + 1);
-      return Status::Ok();
-    };
-    if (int64_t{n} * ffn < kMinParallelActivation || kernels::Threads() <= 1) {
-      for (int i = 0; i < n; ++i) DAISY_RETURN_IF_ERROR(activation(i));
-    } else {
-      DAISY_RETURN_IF_ERROR(ParallelTasks(n, activation));
-    }
-    // down projection
-    ProductOfQuantized(xq_rows, xs_rows, n, lw.down, o.data());
+  // Elementwise, so the rows are spread over the kernels' pool (exp / tanh took a quarter of
+  // a serial prefill) once a batch is large enough to pay for waking it (a decode row, a few
+  // thousand elements, stays on the caller); each row is quantized for the down product as
+  // soon as it is computed.
+  const bool down_quantized = OneTermProduct(lw.down);
+  const float* const hb_rows = hb.data();
+  float* const act_rows = act.data();
+  auto activation = [&](int i) {
+    MlpActivationRow(s, hb_rows + static_cast<size_t>(i) * gu, act_rows + static_cast<size_t>(i) * ffn);
+    return QuantizeForProduct(down_quantized, act_rows, ffn, i, i + 1, xq_rows, xs_rows, "MLP activation", l, pos);
+  };
+  constexpr int64_t kMinParallelActivation = 32768;
+  if (int64_t{n} * ffn < kMinParallelActivation || kernels::Threads() <= 1) {
+    for (int i = 0; i < n; ++i) DAISY_RETURN_IF_ERROR(activation(i));
   } else {
-    MlpActivation(s, hb.data(), gu, n, act.data());
-    // down projection
-    if (!Product(act.data(), n, lw.down, o.data())) return NonFiniteInput("MLP activation", act.data(), ffn, l, pos);
+    DAISY_RETURN_IF_ERROR(ParallelTasks(n, activation));
   }
+  // down projection
+  DAISY_RETURN_IF_ERROR(
+      LayerProduct(down_quantized, xq_rows, xs_rows, act_rows, n, lw.down, o.data(), "MLP activation", l, pos));
   // residual, block by block, and each block's rows refused if not finite (never forwarded)
   // while they are in cache; the first failing block in row order is the one reported
   const std::string where = "layer " + std::to_string(l);

@@ -184,9 +184,9 @@ TEST(Ops, SoftmaxMatchesDoubleReference) {
 // long rows (255 to 290: a sum taken in another order rounds differently, so it shows;
 // reversing one row's interleaved sum fails here), and maxima that tie between +0 and -0.
 // Rows whose x - max all lie in [-87, 0] take ExpN's one-step path alone (its range is
-// [-87, 88]; a softmax's values are at most 0); the others, with
-// values just below -87 (where 2^k is no longer normal: taking that path for them gives 0
-// instead of a subnormal), below -104 (0) or an infinity, take the whole of ExpN.
+// [-87, 88]; a softmax's values are at most 0); the others, with values just below -87,
+// below -104 (0) or an infinity, take the whole of ExpN. (Softmax's ExpN is the same on
+// both sides: DetMathTest.ExpNEqualsExpBitForBit checks ExpN's paths against Exp.)
 TEST(Ops, SoftmaxRowsEqualsSoftmaxOnEveryRowBitForBit) {
   uint64_t state = 12345;
   auto next = [&state] {

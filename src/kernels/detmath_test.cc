@@ -124,7 +124,8 @@ TEST(DetMathTest, ExpSpecialValues) {
 // probability.
 // ExpN is Exp, lane by lane, on every 256th float bit pattern (16.7 million values: every
 // exponent, both signs, NaN payloads, infinities, subnormals, both ScaleByPow2 paths) and on
-// the boundaries of its special cases, at every offset of a row (vector bodies and tails):
+// the boundaries of its special cases and of its one-step range, at every offset of a row
+// (vector bodies and tails):
 // the active ExpN and every compiled variant this CPU runs (rowops.inc, one per vector width).
 TEST(DetMathTest, ExpNEqualsExpBitForBit) {
   std::vector<void (*)(float*, int)> fns = {&ExpN};
@@ -171,6 +172,13 @@ TEST(DetMathTest, ExpNEqualsExpBitForBit) {
   for (size_t len = 1; len <= 19; ++len) {
     row.clear();
     for (size_t i = 0; i < len; ++i) row.push_back(edges[(i + len) % std::size(edges)]);
+    check();
+  }
+  // A row wholly in [-87, 88] takes the one-step path alone. Rows with one value just past
+  // either end must not: at -87.9 and -88 (k = -127) the one-step scaling gives 0 where Exp
+  // gives a subnormal, at 88.5 (k = 128) inf where Exp is finite.
+  for (const float past : {-87.9f, -88.0f, 88.5f}) {
+    row = {-87.0f, -40.0f, 0.0f, 88.0f, 3.0f, past, -1.0f, 20.0f, 87.0f};
     check();
   }
   EXPECT_EQ(mismatches, 0u) << "first expected bits " << std::hex << first;
