@@ -4,8 +4,11 @@
 #include "daisy/forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <numeric>
 
 #include "daisy/detmath.h"
 #include "ops.h"
@@ -171,160 +174,237 @@ struct AttentionArgs {
   float* att;
 };
 
-// Attention of KV head g (and its group of query heads) for the query rows [b0, b0 + bn):
-// Q.K^T, softmax, P as two int8 terms, P.V. Reads only the cache and q, writes only its own
-// heads' columns of those rows of att, and computes the same bits whichever thread runs it.
-// A narrow model (model.h NarrowModel) also takes each query row and each value row as two
-// int8 terms: the query's terms are stacked as more rows of the same products; each value
-// term has its own P' (the probabilities times that term's scales), so its own products.
-Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
-  const ModelSpec& spec = *a.spec;
-  const LayerWeights& lw = *a.lw;
-  const KvCache::Layer& cache = *a.cache;
-  const std::vector<int32_t>& positions = *a.positions;
-  const int ctx = a.ctx;
-  const int n = static_cast<int>(positions.size());
-  const int hd = spec.head_dim;
-  const int group = spec.n_heads / spec.n_kv_heads;
-  const int window = lw.sliding_window ? spec.sliding_window : 0;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const bool q_two_terms = NarrowModel(spec);
-  const int v_terms = cache.vt_res.empty() ? 1 : 2;
-  const int q_terms = q_two_terms ? 2 : 1;
-  // Keys visible to the query at position p: [first_key(p), p].
-  auto first_key = [&](int p) { return window > 0 ? std::max(0, p - window + 1) : 0; };
+// One piece of a layer's attention: KV head g (and its group of query heads) for the query
+// rows [b0, b0 + bn), over the keys [k0, k0 + nk) the last of those rows sees. A narrow model
+// (model.h NarrowModel) takes each query row and each value row as two int8 terms: the
+// query's terms are stacked as more rows of the same products; each value term has its own
+// P' (the probabilities times that term's scales), so its own products.
+struct Piece {
+  int g, b0, bn, group, rows, k0, nk, hd, window, q_terms, v_terms;
+  size_t rows_nk, rows_hd;
+  // Keys visible to the query at position p: [FirstKey(p), p].
+  int FirstKey(int p) const { return window > 0 ? std::max(0, p - window + 1) : 0; }
+};
 
-  // Scratch per thread, reused across heads, blocks, layers and tokens.
-  thread_local std::vector<int8_t> qq, pq, pq2;
-  thread_local std::vector<float> qs, scores, scores_res, ps, ps2, out, out2, prob, pv, scratch;
-  const int bn = std::min(kQueryBlock, n - b0);
-  const int rows = bn * group;
-  const int k0 = first_key(positions[static_cast<size_t>(b0)]);
-  const int nk = positions[static_cast<size_t>(b0 + bn - 1)] + 1 - k0;
-  const size_t rows_nk = static_cast<size_t>(rows) * static_cast<size_t>(nk);
-  const size_t rows_hd = static_cast<size_t>(rows) * static_cast<size_t>(hd);
-  qq.resize(static_cast<size_t>(q_terms) * rows_hd);
-  qs.resize(static_cast<size_t>(q_terms) * static_cast<size_t>(rows));
-  scores.resize(static_cast<size_t>(q_terms) * rows_nk);
-  scores_res.resize(static_cast<size_t>(q_terms) * rows_nk);
-  pq.resize(static_cast<size_t>(v_terms) * rows_nk);
-  pq2.resize(static_cast<size_t>(v_terms) * rows_nk);
-  ps.resize(static_cast<size_t>(v_terms) * static_cast<size_t>(rows));
-  ps2.resize(static_cast<size_t>(v_terms) * static_cast<size_t>(rows));
-  out.resize(static_cast<size_t>(v_terms) * rows_hd);
-  out2.resize(static_cast<size_t>(v_terms) * rows_hd);
-  pv.resize(static_cast<size_t>(nk));
-  scratch.resize(static_cast<size_t>(std::max(nk, hd)));
-  // Q rows quantized per (query position, head); query head h uses kv head h / group. A
-  // second term of row r is row rows + r.
-  for (int i = 0; i < bn; ++i)
-    for (int j = 0; j < group; ++j) {
-      const int r = i * group + j;
-      const float* qrow = a.q + static_cast<size_t>(b0 + i) * a.q_stride + static_cast<size_t>(g * group + j) * hd;
+Piece MakePiece(const AttentionArgs& a, int g, int b0) {
+  const ModelSpec& spec = *a.spec;
+  const std::vector<int32_t>& positions = *a.positions;
+  Piece pc{};
+  pc.g = g;
+  pc.b0 = b0;
+  pc.bn = std::min(kQueryBlock, static_cast<int>(positions.size()) - b0);
+  pc.group = spec.n_heads / spec.n_kv_heads;
+  pc.rows = pc.bn * pc.group;
+  pc.hd = spec.head_dim;
+  pc.window = a.lw->sliding_window ? spec.sliding_window : 0;
+  pc.k0 = pc.FirstKey(positions[static_cast<size_t>(b0)]);
+  pc.nk = positions[static_cast<size_t>(b0 + pc.bn - 1)] + 1 - pc.k0;
+  pc.q_terms = NarrowModel(spec) ? 2 : 1;
+  pc.v_terms = a.cache->vt_res.empty() ? 1 : 2;
+  pc.rows_nk = static_cast<size_t>(pc.rows) * static_cast<size_t>(pc.nk);
+  pc.rows_hd = static_cast<size_t>(pc.rows) * static_cast<size_t>(pc.hd);
+  return pc;
+}
+
+// What the steps of a piece pass on: Q's int8 rows, the scores (softmax in place), P' as two
+// int8 terms per value term, and each P' term's product with V.
+struct PieceBuffers {
+  std::vector<int8_t> qq, pq, pq2;
+  std::vector<float> qs, scores, scores_res, ps, ps2, out, out2;
+  void Size(const Piece& pc) {
+    qq.resize(static_cast<size_t>(pc.q_terms) * pc.rows_hd);
+    qs.resize(static_cast<size_t>(pc.q_terms) * static_cast<size_t>(pc.rows));
+    scores.resize(static_cast<size_t>(pc.q_terms) * pc.rows_nk);
+    scores_res.resize(static_cast<size_t>(pc.q_terms) * pc.rows_nk);
+    pq.resize(static_cast<size_t>(pc.v_terms) * pc.rows_nk);
+    pq2.resize(static_cast<size_t>(pc.v_terms) * pc.rows_nk);
+    ps.resize(static_cast<size_t>(pc.v_terms) * static_cast<size_t>(pc.rows));
+    ps2.resize(static_cast<size_t>(pc.v_terms) * static_cast<size_t>(pc.rows));
+    out.resize(static_cast<size_t>(pc.v_terms) * pc.rows_hd);
+    out2.resize(static_cast<size_t>(pc.v_terms) * pc.rows_hd);
+  }
+};
+
+// Per-thread working space of the steps below, reused across pieces, layers and tokens.
+struct StepScratch {
+  std::vector<float> pv, scratch, prob;
+  std::vector<float*> row_at;
+  std::vector<int> row_n;
+  void Size(const Piece& pc) {
+    pv.resize(static_cast<size_t>(pc.nk));
+    scratch.resize(static_cast<size_t>(std::max(pc.nk, pc.hd)));
+    row_at.resize(static_cast<size_t>(pc.rows));
+    row_n.resize(static_cast<size_t>(pc.rows));
+  }
+};
+StepScratch& ThreadStepScratch() {
+  thread_local StepScratch s;
+  return s;
+}
+
+// Q rows quantized per (query position, head); query head h uses kv head h / group. A
+// second term of row r is row rows + r.
+Status QuantizeQueries(const AttentionArgs& a, const Piece& pc, int8_t* qq, float* qs, float* scratch) {
+  const int hd = pc.hd;
+  for (int i = 0; i < pc.bn; ++i)
+    for (int j = 0; j < pc.group; ++j) {
+      const int r = i * pc.group + j;
+      const float* qrow =
+          a.q + static_cast<size_t>(pc.b0 + i) * a.q_stride + static_cast<size_t>(pc.g * pc.group + j) * hd;
       int8_t* q1 = &qq[static_cast<size_t>(r) * hd];
-      const bool ok = q_two_terms
-                          ? kernels::QuantizeRowTwoTerms(
-                                qrow, hd, q1, &qs[static_cast<size_t>(r)], &qq[static_cast<size_t>(rows + r) * hd],
-                                &qs[static_cast<size_t>(rows) + static_cast<size_t>(r)], scratch.data())
-                          : kernels::QuantizeRow(qrow, hd, q1, &qs[static_cast<size_t>(r)]);
+      const bool ok = pc.q_terms == 2 ? kernels::QuantizeRowTwoTerms(qrow, hd, q1, &qs[static_cast<size_t>(r)],
+                                                                     &qq[static_cast<size_t>(pc.rows + r) * hd],
+                                                                     &qs[static_cast<size_t>(pc.rows + r)], scratch)
+                                      : kernels::QuantizeRow(qrow, hd, q1, &qs[static_cast<size_t>(r)]);
       if (!ok)
-        return DataLoss(At(lw.layer, positions[static_cast<size_t>(b0) + static_cast<size_t>(i)]) +
+        return DataLoss(At(a.lw->layer, (*a.positions)[static_cast<size_t>(pc.b0) + static_cast<size_t>(i)]) +
                         ": non-finite query; refused");
     }
-  // scores = Q . K^T over keys [k0, k0 + nk) as two products with the same Q rows: the
-  // keys' first int8 terms and their residual terms, each with its per-position scales
-  const size_t kbase = static_cast<size_t>(g) * static_cast<size_t>(ctx) + static_cast<size_t>(k0);
-  const QMatrixView kview{cache.k.data() + kbase * hd, cache.k_scale.data() + kbase, nullptr, nk, hd,
+  return Status::Ok();
+}
+
+// scores = Q . K^T for the keys [t0, t1) of the piece's nk, as two products with the same Q
+// rows (the keys' first int8 terms and their residual terms, each with its per-position
+// scales), then the scaled sum where those keys are visible. Every score column is its own
+// dot products and elementwise sums, so any split of [0, nk) gives the same bits.
+void KeyScores(const AttentionArgs& a, const Piece& pc, const int8_t* qq, const float* qs, int t0, int t1,
+               float* scores, float* scores_res) {
+  const KvCache::Layer& cache = *a.cache;
+  const int hd = pc.hd;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const size_t kbase = static_cast<size_t>(pc.g) * static_cast<size_t>(a.ctx) + static_cast<size_t>(pc.k0 + t0);
+  const QMatrixView kview{cache.k.data() + kbase * hd, cache.k_scale.data() + kbase, nullptr, t1 - t0, hd,
                           static_cast<size_t>(hd)};
-  const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, nk, hd,
+  const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, t1 - t0, hd,
                               static_cast<size_t>(hd)};
-  kernels::MatMulQ(qq.data(), qs.data(), q_terms * rows, static_cast<size_t>(hd), kview, scores.data(),
-                   static_cast<size_t>(nk), kernels::ProductShape::kAttention);
-  kernels::MatMulQ(qq.data(), qs.data(), q_terms * rows, static_cast<size_t>(hd), kres_view, scores_res.data(),
-                   static_cast<size_t>(nk), kernels::ProductShape::kAttention);
-  // softmax over the visible keys in f32, in key order (all rows at once: SoftmaxRows); then
-  // fold V's scales into p
-  const float* vscale[2] = {cache.v_scale.data() + kbase, v_terms == 2 ? cache.v_res_scale.data() + kbase : nullptr};
-  thread_local std::vector<float*> row_at;
-  thread_local std::vector<int> row_n;
-  row_at.resize(static_cast<size_t>(rows));
-  row_n.resize(static_cast<size_t>(rows));
-  for (int r = 0; r < rows; ++r) {
-    const int p = positions[static_cast<size_t>(b0) + static_cast<size_t>(r / group)];
-    const int first = first_key(p) - k0;
-    const int e = p + 1 - k0;
-    const size_t at = static_cast<size_t>(r) * nk;
+  const auto ldy = static_cast<size_t>(pc.nk);
+  kernels::MatMulQ(qq, qs, pc.q_terms * pc.rows, static_cast<size_t>(hd), kview, scores + t0, ldy,
+                   kernels::ProductShape::kAttention);
+  kernels::MatMulQ(qq, qs, pc.q_terms * pc.rows, static_cast<size_t>(hd), kres_view, scores_res + t0, ldy,
+                   kernels::ProductShape::kAttention);
+  for (int r = 0; r < pc.rows; ++r) {
+    const int p = (*a.positions)[static_cast<size_t>(pc.b0) + static_cast<size_t>(r / pc.group)];
+    const int first = std::max(t0, pc.FirstKey(p) - pc.k0);
+    const int e = std::min(t1, p + 1 - pc.k0);
+    if (first >= e) continue;
+    const size_t at = static_cast<size_t>(r) * pc.nk;
     float* s = &scores[at];
     const float* s_res = &scores_res[at];
-    if (q_two_terms) {
+    if (pc.q_terms == 2) {
       // (first query term's two key products) + (second query term's), in this order
-      const float* s2 = &scores[rows_nk + at];
-      const float* s2_res = &scores_res[rows_nk + at];
+      const float* s2 = &scores[pc.rows_nk + at];
+      const float* s2_res = &scores_res[pc.rows_nk + at];
       for (int t = first; t < e; ++t) s[t] = ((s[t] + s_res[t]) + (s2[t] + s2_res[t])) * scale;
     } else {
       kernels::AddScale(s + first, s_res + first, scale, e - first, s + first);
     }
-    row_at[static_cast<size_t>(r)] = s + first;
-    row_n[static_cast<size_t>(r)] = e - first;
   }
-  ops::SoftmaxRows(row_at.data(), row_n.data(), rows);
-  for (int r = 0; r < rows; ++r) {
-    const int p = positions[static_cast<size_t>(b0) + static_cast<size_t>(r / group)];
-    const int first = first_key(p) - k0;
-    const int e = p + 1 - k0;
-    const size_t at = static_cast<size_t>(r) * nk;
-    const float* s = &scores[at];
-    if (g_mass_stats) prob.assign(s + first, s + e);
-    for (int j = 0; j < v_terms; ++j) {
-      kernels::Mul(s + first, vscale[j] + first, e - first, pv.data() + first);
+}
+
+// Softmax over each row's visible keys in f32, in key order (all rows at once: SoftmaxRows);
+// then V's scales folded into p, and P' as two int8 terms per value term.
+Status Probabilities(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, StepScratch& sc) {
+  const KvCache::Layer& cache = *a.cache;
+  const size_t kbase = static_cast<size_t>(pc.g) * static_cast<size_t>(a.ctx) + static_cast<size_t>(pc.k0);
+  const float* vscale[2] = {cache.v_scale.data() + kbase, pc.v_terms == 2 ? cache.v_res_scale.data() + kbase : nullptr};
+  auto row_keys = [&](int r, int* first, int* e) {
+    const int p = (*a.positions)[static_cast<size_t>(pc.b0) + static_cast<size_t>(r / pc.group)];
+    *first = pc.FirstKey(p) - pc.k0;
+    *e = p + 1 - pc.k0;
+    return p;
+  };
+  for (int r = 0; r < pc.rows; ++r) {
+    int first, e;
+    row_keys(r, &first, &e);
+    sc.row_at[static_cast<size_t>(r)] = &b.scores[static_cast<size_t>(r) * pc.nk + static_cast<size_t>(first)];
+    sc.row_n[static_cast<size_t>(r)] = e - first;
+  }
+  ops::SoftmaxRows(sc.row_at.data(), sc.row_n.data(), pc.rows);
+  for (int r = 0; r < pc.rows; ++r) {
+    int first, e;
+    const int p = row_keys(r, &first, &e);
+    const size_t at = static_cast<size_t>(r) * pc.nk;
+    const float* s = &b.scores[at];
+    if (g_mass_stats) sc.prob.assign(s + first, s + e);
+    for (int j = 0; j < pc.v_terms; ++j) {
+      kernels::Mul(s + first, vscale[j] + first, e - first, sc.pv.data() + first);
       // p' as two int8 terms: what the first leaves below its half step (every key under
       // max/254 when attention is spread thin) the second keeps, to about max/65000.
       // Quantized over the visible keys only: zeros change neither amax nor their own 0,
       // so this gives the bits of quantizing the whole row with the invisible keys at 0.
-      const size_t pat = static_cast<size_t>(j) * rows_nk + at;
-      const size_t sat = static_cast<size_t>(j) * static_cast<size_t>(rows) + static_cast<size_t>(r);
-      if (!kernels::QuantizeRowTwoTerms(pv.data() + first, e - first, &pq[pat + static_cast<size_t>(first)], &ps[sat],
-                                        &pq2[pat + static_cast<size_t>(first)], &ps2[sat], scratch.data()))
-        return DataLoss(At(lw.layer, p) + ": non-finite attention scores; refused");
+      const size_t pat = static_cast<size_t>(j) * pc.rows_nk + at;
+      const size_t sat = static_cast<size_t>(j) * static_cast<size_t>(pc.rows) + static_cast<size_t>(r);
+      if (!kernels::QuantizeRowTwoTerms(sc.pv.data() + first, e - first, &b.pq[pat + static_cast<size_t>(first)],
+                                        &b.ps[sat], &b.pq2[pat + static_cast<size_t>(first)], &b.ps2[sat],
+                                        sc.scratch.data()))
+        return DataLoss(At(a.lw->layer, p) + ": non-finite attention scores; refused");
       // Invisible keys get exactly 0 in both terms: they add nothing to the int32 sums below.
-      for (int8_t* t : {&pq[pat], &pq2[pat]}) {
+      for (int8_t* t : {&b.pq[pat], &b.pq2[pat]}) {
         std::fill(t, t + first, int8_t{0});
-        std::fill(t + e, t + nk, int8_t{0});
+        std::fill(t + e, t + pc.nk, int8_t{0});
       }
     }
     if (g_mass_stats) {  // the first value term's P' (the only one outside narrow models)
-      const int8_t* terms[] = {&pq[at + static_cast<size_t>(first)], &pq2[at + static_cast<size_t>(first)]};
-      const float scales[] = {ps[static_cast<size_t>(r)], ps2[static_cast<size_t>(r)]};
-      RecordMass(prob.data(), vscale[0] + first, e - first, terms, scales, *g_mass_stats);
+      const int8_t* terms[] = {&b.pq[at + static_cast<size_t>(first)], &b.pq2[at + static_cast<size_t>(first)]};
+      const float scales[] = {b.ps[static_cast<size_t>(r)], b.ps2[static_cast<size_t>(r)]};
+      RecordMass(sc.prob.data(), vscale[0] + first, e - first, terms, scales, *g_mass_stats);
     }
   }
-  // out = P' . V per value term: V^T (head_dim, ctx) per kv head is the weight, k = the keys
-  for (int j = 0; j < v_terms; ++j) {
+  return Status::Ok();
+}
+
+// out = P' . V per value term for the head dimensions [d0, d1) (V^T (head_dim, ctx) per kv
+// head is the weight, k = the keys), then into att: (first P' term's product) + (second's),
+// one f32 add in this order; with two value terms, (that for the first value term) + (that
+// for the second). Each dimension is its own column of the products, so any split of
+// [0, head_dim) gives the same bits.
+void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0, int d1) {
+  const KvCache::Layer& cache = *a.cache;
+  const int hd = pc.hd;
+  for (int j = 0; j < pc.v_terms; ++j) {
     const int8_t* vt = (j == 0 ? cache.vt : cache.vt_res).data();
-    const QMatrixView vview{vt + static_cast<size_t>(g) * hd * static_cast<size_t>(ctx) + k0,
-                            nullptr,
-                            nullptr,
-                            hd,
-                            nk,
-                            static_cast<size_t>(ctx)};
-    const size_t pat = static_cast<size_t>(j) * rows_nk, oat = static_cast<size_t>(j) * rows_hd;
-    kernels::MatMulQ(&pq[pat], &ps[static_cast<size_t>(j) * static_cast<size_t>(rows)], rows, static_cast<size_t>(nk),
-                     vview, &out[oat], static_cast<size_t>(hd), kernels::ProductShape::kAttention);
-    kernels::MatMulQ(&pq2[pat], &ps2[static_cast<size_t>(j) * static_cast<size_t>(rows)], rows, static_cast<size_t>(nk),
-                     vview, &out2[oat], static_cast<size_t>(hd), kernels::ProductShape::kAttention);
+    const QMatrixView vview{
+        vt + (static_cast<size_t>(pc.g) * hd + static_cast<size_t>(d0)) * static_cast<size_t>(a.ctx) +
+            static_cast<size_t>(pc.k0),
+        nullptr,
+        nullptr,
+        d1 - d0,
+        pc.nk,
+        static_cast<size_t>(a.ctx)};
+    const size_t pat = static_cast<size_t>(j) * pc.rows_nk, oat = static_cast<size_t>(j) * pc.rows_hd + d0;
+    const size_t sat = static_cast<size_t>(j) * static_cast<size_t>(pc.rows);
+    kernels::MatMulQ(&b.pq[pat], &b.ps[sat], pc.rows, static_cast<size_t>(pc.nk), vview, &b.out[oat],
+                     static_cast<size_t>(hd), kernels::ProductShape::kAttention);
+    kernels::MatMulQ(&b.pq2[pat], &b.ps2[sat], pc.rows, static_cast<size_t>(pc.nk), vview, &b.out2[oat],
+                     static_cast<size_t>(hd), kernels::ProductShape::kAttention);
   }
-  // o = (first P' term's product) + (second's), one f32 add in this order; with two value
-  // terms, (that for the first value term) + (that for the second)
-  for (int i = 0; i < bn; ++i)
-    for (int j = 0; j < group; ++j) {
-      float* dst = a.att + static_cast<size_t>(b0 + i) * spec.n_heads * hd + static_cast<size_t>(g * group + j) * hd;
-      const size_t src = static_cast<size_t>(i * group + j) * hd;
-      for (int d = 0; d < hd; ++d) {
+  const int n_heads = a.spec->n_heads;
+  for (int i = 0; i < pc.bn; ++i)
+    for (int j = 0; j < pc.group; ++j) {
+      float* dst =
+          a.att + static_cast<size_t>(pc.b0 + i) * n_heads * hd + static_cast<size_t>(pc.g * pc.group + j) * hd;
+      const size_t src = static_cast<size_t>(i * pc.group + j) * hd;
+      for (int d = d0; d < d1; ++d) {
         const size_t at = src + static_cast<size_t>(d);
-        const float o1 = out[at] + out2[at];
-        dst[d] = v_terms == 2 ? o1 + (out[rows_hd + at] + out2[rows_hd + at]) : o1;
+        const float o1 = b.out[at] + b.out2[at];
+        dst[d] = pc.v_terms == 2 ? o1 + (b.out[pc.rows_hd + at] + b.out2[pc.rows_hd + at]) : o1;
       }
     }
+}
+
+// Attention of one piece, all its steps on this thread: Q.K^T, softmax, P as two int8 terms,
+// P.V. Reads only the cache and q, writes only its own heads' columns of its rows of att,
+// and computes the same bits whichever thread runs it.
+Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
+  const Piece pc = MakePiece(a, g, b0);
+  thread_local PieceBuffers b;
+  StepScratch& sc = ThreadStepScratch();
+  b.Size(pc);
+  sc.Size(pc);
+  DAISY_RETURN_IF_ERROR(QuantizeQueries(a, pc, b.qq.data(), b.qs.data(), sc.scratch.data()));
+  KeyScores(a, pc, b.qq.data(), b.qs.data(), 0, pc.nk, b.scores.data(), b.scores_res.data());
+  DAISY_RETURN_IF_ERROR(Probabilities(a, pc, b, sc));
+  ValueDims(a, pc, b, 0, pc.hd);
   return Status::Ok();
 }
 
@@ -362,25 +442,132 @@ Status ForRowBlocks(int n, Body& body) {
   return ParallelTasks((n + kRowsPerTask - 1) / kRowsPerTask, rows);
 }
 
+inline void SpinPause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
+// A decode step's attention across the kernels' pool in one dispatch, each KV head's work
+// split among the threads where the heads alone do not divide evenly: runs of its keys
+// (Q.K^T), then runs of its head dimensions (P.V).
+// The task that completes a head's last run of keys computes that head's softmax and P'
+// (Probabilities); a P.V task waits for its head's. A head's keys are read cold from memory
+// (measured on the SmolLM shape: 2.9 us for Q.K^T and 3.7 us for P.V per head, against 0.6
+// and 1.1 hot), so splitting within heads also spreads those reads over the cores; whole
+// heads per task left 3 heads on 2 threads as 2 + 1. Runs are whole 32-column tiles; every
+// score and output column is computed as in AttendHeadBlock, so the bits are the same.
+//
+// The waits cannot deadlock: every Q.K^T task comes before every P.V task, the pool's
+// threads claim tasks in order and run a claim in order, so the tasks a P.V task waits for
+// were claimed before it and wait for nothing (run serially, the order alone suffices).
+Status AttendDecodeSplit(const AttentionArgs& a, int threads) {
+  const int heads = a.spec->n_kv_heads;
+  const Piece pc = MakePiece(a, 0, 0);  // every head's piece has this shape (one query row)
+  // The caller's, shared by the tasks: each head's buffers and progress.
+  struct HeadState {
+    std::atomic<int> runs_left{0};
+    std::atomic<bool> query_failed{false};
+    std::atomic<int> ready{0};  // 0: P' pending, 1: P' done, 2: failed (an earlier task reports why)
+  };
+  thread_local std::vector<PieceBuffers> buffers;
+  thread_local std::unique_ptr<HeadState[]> states;
+  thread_local int states_size = 0;
+  buffers.resize(static_cast<size_t>(heads));
+  for (PieceBuffers& b : buffers) b.Size(pc);
+  if (states_size < heads) {
+    states = std::make_unique<HeadState[]>(static_cast<size_t>(heads));
+    states_size = heads;
+  }
+  // Runs per head so that every thread gets the same share: 3 heads on 2 threads in 2 runs
+  // each, 2 heads on 2 threads whole (measured on the Qwen shape: splitting them anyway cost
+  // more than it saved).
+  const int per_head = threads / std::gcd(heads, threads);
+  constexpr int kRun = 32;
+  auto runs = [per_head](int columns) { return std::min(per_head, (columns + kRun - 1) / kRun); };
+  // edge(j) of `count` runs over `columns`: whole tiles, the last run ends at columns
+  auto edge = [](int columns, int count, int j) {
+    const int tiles = (columns + kRun - 1) / kRun;
+    return std::min(columns, tiles * j / count * kRun);
+  };
+  const int key_runs = runs(pc.nk), dim_runs = runs(pc.hd);
+  for (int g = 0; g < heads; ++g) {
+    states[static_cast<size_t>(g)].runs_left.store(key_runs, std::memory_order_relaxed);
+    states[static_cast<size_t>(g)].query_failed.store(false, std::memory_order_relaxed);
+    states[static_cast<size_t>(g)].ready.store(0, std::memory_order_relaxed);
+  }
+  PieceBuffers* const bufs = buffers.data();
+  HeadState* const state = states.get();
+  const int score_tasks = heads * key_runs;
+  auto task = [&](int t) -> Status {
+    Piece h = pc;
+    if (t < score_tasks) {
+      h.g = t / key_runs;
+      const int j = t % key_runs;
+      PieceBuffers& b = bufs[h.g];
+      HeadState& st = state[h.g];
+      // Each task quantizes its head's query rows itself, into its own thread's space (the
+      // same bits in every task of the head; a shared copy would be written twice at once).
+      thread_local std::vector<int8_t> qq;
+      thread_local std::vector<float> qs, scratch;
+      qq.resize(b.qq.size());
+      qs.resize(b.qs.size());
+      scratch.resize(static_cast<size_t>(pc.hd));
+      Status result = QuantizeQueries(a, h, qq.data(), qs.data(), scratch.data());
+      if (result.ok())
+        KeyScores(a, h, qq.data(), qs.data(), edge(pc.nk, key_runs, j), edge(pc.nk, key_runs, j + 1), b.scores.data(),
+                  b.scores_res.data());
+      else
+        st.query_failed.store(true, std::memory_order_relaxed);
+      if (st.runs_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // the head's scores are complete
+        if (!st.query_failed.load(std::memory_order_relaxed)) {
+          StepScratch& sc = ThreadStepScratch();
+          sc.Size(h);
+          Status p = Probabilities(a, h, b, sc);
+          if (result.ok()) result = std::move(p);
+        }
+        st.ready.store(result.ok() && !st.query_failed.load(std::memory_order_relaxed) ? 1 : 2,
+                       std::memory_order_release);
+      }
+      return result;
+    }
+    h.g = (t - score_tasks) / dim_runs;
+    const int j = (t - score_tasks) % dim_runs;
+    int ready;
+    while ((ready = state[h.g].ready.load(std::memory_order_acquire)) == 0) SpinPause();
+    if (ready == 1) ValueDims(a, h, bufs[h.g], edge(pc.hd, dim_runs, j), edge(pc.hd, dim_runs, j + 1));
+    return Status::Ok();
+  };
+  return ParallelTasks(score_tasks + heads * dim_runs, task);
+}
+
 // Causal attention of one layer for the batch, reading keys and values from the cache
 // (which already holds this batch's). q (n, n_heads * head_dim) after RoPE; att the same.
 // See docs/KERNELS.md "Attention and the KV cache" for why each step is batch-independent.
 // The (KV head, query block) pieces are independent, so a prefill's run across the kernels'
 // pool (softmax and P's quantization took half of a serial prefill); each piece's products
-// then run on its own thread. Same bits either way.
+// then run on its own thread. A decode step past a short context splits its heads' work
+// across the pool (AttendDecodeSplit). Same bits either way.
 Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::Layer& cache, int ctx,
                  const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att) {
   const int n = static_cast<int>(positions.size());
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int tasks = blocks * spec.n_kv_heads;
   const AttentionArgs args{&spec, &lw, &cache, ctx, &positions, q, q_stride, att};
+  const int threads = kernels::Threads();
+  // Mass statistics are per thread, so a measured run stays on the caller.
+  const bool pool = threads > 1 && g_mass_stats == nullptr;
+  // A decode step seeing at least this many keys splits across the pool; below it the three
+  // passes' wake-ups cost more than they save.
+  constexpr int kMinSplitKeys = 64;
+  if (pool && n == 1 && MakePiece(args, 0, 0).nk >= kMinSplitKeys) return AttendDecodeSplit(args, threads);
   // Below this many query-key-dimension products a piece is too small to be worth waking
-  // the pool (a decode step at a short context); above it a decode step's KV heads run
-  // across the pool (whose workers are still spinning from the product before). Mass
-  // statistics are per thread, so a measured run stays on the caller.
+  // the pool.
   constexpr int64_t kMinParallel = int64_t{1} << 16;
   const int64_t work = int64_t{n} * spec.n_heads * spec.head_dim * (positions.back() + 1);
-  if (tasks <= 1 || work < kMinParallel || g_mass_stats != nullptr || kernels::Threads() <= 1) {
+  if (tasks <= 1 || work < kMinParallel || !pool) {
     for (int b = 0; b < blocks; ++b)
       for (int g = 0; g < spec.n_kv_heads; ++g) DAISY_RETURN_IF_ERROR(AttendHeadBlock(args, g, b * kQueryBlock));
     return Status::Ok();

@@ -95,11 +95,13 @@ TEST(Forward, ChunkedPrefillEqualsOneShot) {
 }
 
 // A long prefill runs attention's (KV head, query block) pieces across the kernels' pool,
-// and so does a decode step past a short context (its KV heads); one thread runs them in
-// order. Same bits: one-shot on 3 threads, one-shot on 1 thread and token by token on 1 and
-// on 3 threads must agree (with and without a sliding window). In the wide model the decode
-// steps from position 256 on have enough work (8 heads x 32 dimensions x keys >= 2^16) to
-// run across the pool.
+// and a decode step seeing 64 keys or more splits each KV head's keys, then its head
+// dimensions, into runs across the pool (AttendDecodeSplit); one thread runs them in order.
+// Same bits: one-shot on 3 threads, one-shot on 1 thread and token by token on 1 and on 3
+// threads must agree (with and without a sliding window). On 3 threads the decode steps of
+// these 1- and 2-KV-head models split their keys in up to 3 runs; the models with 64- and
+// 72-dimension heads (the second wide: queries and values as one int8 term) also split
+// their dimensions, in 2 runs and in 3 (the last of 8).
 TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
   ModelSpec s = TinyLlamaSpec(2);
   s.max_positions = 512;
@@ -112,8 +114,14 @@ TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
   wide.hidden = 256;
   wide.n_heads = 8;
   wide.head_dim = 32;
+  ModelSpec deep = s;
+  deep.hidden = 192, deep.n_heads = 3, deep.n_kv_heads = 1, deep.head_dim = 64;
+  ModelSpec deep_wide = s;
+  deep_wide.hidden = 288, deep_wide.n_heads = 4, deep_wide.n_kv_heads = 2, deep_wide.head_dim = 72;
+  deep_wide.intermediate = 320;
+  ASSERT_FALSE(NarrowModel(deep_wide));
   const int before = kernels::Threads();
-  for (const ModelSpec& spec : {s, windowed, wide}) {
+  for (const ModelSpec& spec : {s, windowed, wide, deep, deep_wide}) {
     const HostTensors t = RandomTensors(spec, 21);
     const std::vector<int32_t> ids = Prompt(spec, 300, 22);  // five query blocks of 64
     kernels::SetThreads(3);
