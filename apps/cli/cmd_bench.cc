@@ -355,7 +355,9 @@ DAISY_REGISTER_COMMAND(bench, 80, [](CLI::App& app) -> std::function<int()> {
   sub->add_option("--model", o->model, "Model to time (default: the bundled stories260K)");
   sub->add_option("--prompt-tokens", o->prompt_tokens, "Prefill length (default 128)")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--decode-tokens", o->decode_tokens, "Tokens to decode (default 64)")->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--kernel-seconds", o->kernel_seconds, "Seconds per kernel case (default 0.5)")
+  sub->add_option("--kernel-seconds", o->kernel_seconds,
+                  "Seconds per kernel case (default 0.5); each read-bandwidth measurement around the 3 decode rounds "
+                  "takes about half of it")
       ->check(CLI::Range(0.01, 60.0));
   sub->add_option("--threads", o->threads, "Kernel threads (default: all cores)")->check(CLI::Range(1, 1024));
   sub->add_flag("--json", o->json, "Print one JSON object");
