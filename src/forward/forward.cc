@@ -4,6 +4,7 @@
 #include "daisy/forward.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -413,19 +414,23 @@ Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
 // finished first. The caller decides whether the work is worth the pool.
 template <typename Task>
 Status ParallelTasks(int tasks, Task& task) {
-  std::vector<Status> results(static_cast<size_t>(tasks), Status::Ok());
+  // Up to kOnStack tasks' statuses live on the stack: a decode step's attention dispatch
+  // allocates nothing per token.
+  constexpr int kOnStack = 32;
+  std::array<Status, kOnStack> on_stack;
+  std::vector<Status> on_heap(tasks > kOnStack ? static_cast<size_t>(tasks) : 0);
   struct Ctx {
     Task* task;
-    std::vector<Status>* results;
-  } ctx{&task, &results};
+    Status* results;
+  } ctx{&task, tasks > kOnStack ? on_heap.data() : on_stack.data()};
   kernels::ParallelFor(
       tasks,
       [](void* c, int t) {
         const Ctx& k = *static_cast<const Ctx*>(c);
-        (*k.results)[static_cast<size_t>(t)] = (*k.task)(t);
+        k.results[t] = (*k.task)(t);
       },
       &ctx);
-  for (Status& st : results) DAISY_RETURN_IF_ERROR(std::move(st));
+  for (int t = 0; t < tasks; ++t) DAISY_RETURN_IF_ERROR(std::move(ctx.results[t]));
   return Status::Ok();
 }
 
