@@ -227,17 +227,20 @@ int RunBench(const BenchCliOptions& o) {
                                            : around.back();
     rounds.push_back(DecodeRound{per_second(d->decode_steps, d->decode_seconds), bw, d->decode_steps});
   }
+  // Decode tokens/s at a bandwidth, and a decode's share of it.
   const auto ceiling_at = [&](double gbps) { return gbps * 1e9 / bytes_per_token; };
-  std::vector<double> ratios;
+  const auto share_of = [&](double tps, double gbps) {
+    const double ceiling = ceiling_at(gbps);
+    return ceiling > 0 ? tps / ceiling : 0;
+  };
+  std::vector<const DecodeRound*> by_ratio;
   for (DecodeRound& dr : rounds) {
-    const double ceiling = ceiling_at(dr.bandwidth.best_gbps);
-    dr.ratio = ceiling > 0 ? dr.tps / ceiling : 0;
-    ratios.push_back(dr.ratio);
+    dr.ratio = share_of(dr.tps, dr.bandwidth.best_gbps);
+    by_ratio.push_back(&dr);
   }
-  std::vector<size_t> order(rounds.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ratios[a] < ratios[b]; });
-  const DecodeRound& chosen = rounds[order[order.size() / 2]];
+  std::sort(by_ratio.begin(), by_ratio.end(),
+            [](const DecodeRound* x, const DecodeRound* y) { return x->ratio < y->ratio; });
+  const DecodeRound& chosen = *by_ratio[by_ratio.size() / 2];
   const kernels::ReadBandwidth& bandwidth = chosen.bandwidth;
   const double read_gbps = bandwidth.best_gbps;
   const double decode_tps = chosen.tps;
@@ -249,11 +252,10 @@ int RunBench(const BenchCliOptions& o) {
     if (k.backend == choice.For(kernels::ProductShape::kGemm)) gemm_gops = k.gemm_gops;
   // The decode's share of the bandwidth: against the best pass (the target) and the median
   // pass (what a decode, averaging over its whole run, meets on a machine whose passes swing).
-  const auto share_of = [&](double ceiling) { return ceiling > 0 ? decode_tps / ceiling : 0; };
   const double ceiling_tps = ceiling_at(read_gbps);
-  const double bandwidth_ratio = share_of(ceiling_tps);
+  const double bandwidth_ratio = chosen.ratio;
   const double median_ceiling_tps = ceiling_at(bandwidth.median_gbps);
-  const double median_ratio = share_of(median_ceiling_tps);
+  const double median_ratio = share_of(decode_tps, bandwidth.median_gbps);
   const double kernel_ratio = gemm_gops > 0 ? prefill512_gops / gemm_gops : 0;
   const double model_gemm_gops = ModelGemmGops(weights, prefill512_tokens, 2);
   const double model_kernel_ratio = model_gemm_gops > 0 ? prefill512_gops / model_gemm_gops : 0;

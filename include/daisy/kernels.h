@@ -211,6 +211,16 @@ ReadBandwidth MeasureReadBandwidth(double seconds);
 // thread runs it. With one thread, or n_tasks <= 1, runs them in order on the caller.
 void ParallelFor(int n_tasks, void (*fn)(void* ctx, int task), void* ctx);
 
+// What a spin-wait issues each time round (the pool's workers, a pool task waiting for an
+// earlier one): x86 pause, arm64 yield, nothing elsewhere.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
 // Capacity for the ring planner: reference products per second through the live backend and
 // threads. The reference product is decode-shaped: m = 1, n = 4096, k = 4096 (16 MiB of int8
 // weights). Takes about 0.3 s.

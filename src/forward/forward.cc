@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <numeric>
 
 #include "daisy/detmath.h"
@@ -447,14 +446,6 @@ Status ForRowBlocks(int n, Body& body) {
   return ParallelTasks((n + kRowsPerTask - 1) / kRowsPerTask, rows);
 }
 
-inline void SpinPause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ volatile("yield");
-#endif
-}
-
 // A decode step's attention across the kernels' pool in one dispatch, each KV head's work
 // split among the threads where the heads alone do not divide evenly: runs of its keys
 // (Q.K^T), then runs of its head dimensions (P.V).
@@ -468,24 +459,20 @@ inline void SpinPause() {
 // The waits cannot deadlock: every Q.K^T task comes before every P.V task, the pool's
 // threads claim tasks in order and run a claim in order, so the tasks a P.V task waits for
 // were claimed before it and wait for nothing (run serially, the order alone suffices).
-Status AttendDecodeSplit(const AttentionArgs& a, int threads) {
+//
+// pc is head 0's piece: every head's has this shape (one query row).
+Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
   const int heads = a.spec->n_kv_heads;
-  const Piece pc = MakePiece(a, 0, 0);  // every head's piece has this shape (one query row)
   // The caller's, shared by the tasks: each head's buffers and progress.
   struct HeadState {
     std::atomic<int> runs_left{0};
-    std::atomic<bool> query_failed{false};
     std::atomic<int> ready{0};  // 0: P' pending, 1: P' done, 2: failed (an earlier task reports why)
   };
   thread_local std::vector<PieceBuffers> buffers;
-  thread_local std::unique_ptr<HeadState[]> states;
-  thread_local int states_size = 0;
+  thread_local std::vector<HeadState> states;  // atomics: built anew when too few, never moved
   buffers.resize(static_cast<size_t>(heads));
   for (PieceBuffers& b : buffers) b.Size(pc);
-  if (states_size < heads) {
-    states = std::make_unique<HeadState[]>(static_cast<size_t>(heads));
-    states_size = heads;
-  }
+  if (states.size() < static_cast<size_t>(heads)) states = std::vector<HeadState>(static_cast<size_t>(heads));
   // Runs per head so that every thread gets the same share: 3 heads on 2 threads in 2 runs
   // each, 2 heads on 2 threads whole (measured on the Qwen shape: splitting them anyway cost
   // more than it saved).
@@ -500,11 +487,10 @@ Status AttendDecodeSplit(const AttentionArgs& a, int threads) {
   const int key_runs = runs(pc.nk), dim_runs = runs(pc.hd);
   for (int g = 0; g < heads; ++g) {
     states[static_cast<size_t>(g)].runs_left.store(key_runs, std::memory_order_relaxed);
-    states[static_cast<size_t>(g)].query_failed.store(false, std::memory_order_relaxed);
     states[static_cast<size_t>(g)].ready.store(0, std::memory_order_relaxed);
   }
   PieceBuffers* const bufs = buffers.data();
-  HeadState* const state = states.get();
+  HeadState* const state = states.data();
   const int score_tasks = heads * key_runs;
   auto task = [&](int t) -> Status {
     Piece h = pc;
@@ -520,28 +506,26 @@ Status AttendDecodeSplit(const AttentionArgs& a, int threads) {
       qq.resize(b.qq.size());
       qs.resize(b.qs.size());
       scratch.resize(static_cast<size_t>(pc.hd));
+      // Every task of the head quantizes the same rows, so all of them fail or none does: the
+      // task that finishes the head knows from its own result whether there are scores.
       Status result = QuantizeQueries(a, h, qq.data(), qs.data(), scratch.data());
       if (result.ok())
         KeyScores(a, h, qq.data(), qs.data(), edge(pc.nk, key_runs, j), edge(pc.nk, key_runs, j + 1), b.scores.data(),
                   b.scores_res.data());
-      else
-        st.query_failed.store(true, std::memory_order_relaxed);
       if (st.runs_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // the head's scores are complete
-        if (!st.query_failed.load(std::memory_order_relaxed)) {
+        if (result.ok()) {
           StepScratch& sc = ThreadStepScratch();
           sc.Size(h);
-          Status p = Probabilities(a, h, b, sc);
-          if (result.ok()) result = std::move(p);
+          result = Probabilities(a, h, b, sc);
         }
-        st.ready.store(result.ok() && !st.query_failed.load(std::memory_order_relaxed) ? 1 : 2,
-                       std::memory_order_release);
+        st.ready.store(result.ok() ? 1 : 2, std::memory_order_release);
       }
       return result;
     }
     h.g = (t - score_tasks) / dim_runs;
     const int j = (t - score_tasks) % dim_runs;
     int ready;
-    while ((ready = state[h.g].ready.load(std::memory_order_acquire)) == 0) SpinPause();
+    while ((ready = state[h.g].ready.load(std::memory_order_acquire)) == 0) kernels::CpuRelax();
     if (ready == 1) ValueDims(a, h, bufs[h.g], edge(pc.hd, dim_runs, j), edge(pc.hd, dim_runs, j + 1));
     return Status::Ok();
   };
@@ -567,7 +551,10 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::L
   // A decode step seeing at least this many keys splits across the pool; below it the three
   // passes' wake-ups cost more than they save.
   constexpr int kMinSplitKeys = 64;
-  if (pool && n == 1 && MakePiece(args, 0, 0).nk >= kMinSplitKeys) return AttendDecodeSplit(args, threads);
+  if (pool && n == 1) {
+    const Piece first = MakePiece(args, 0, 0);
+    if (first.nk >= kMinSplitKeys) return AttendDecodeSplit(args, first, threads);
+  }
   // Below this many query-key-dimension products a piece is too small to be worth waking
   // the pool.
   constexpr int64_t kMinParallel = int64_t{1} << 16;

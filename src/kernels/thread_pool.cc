@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "daisy/kernels.h"
+
 namespace daisy::kernels {
 namespace {
 
@@ -12,14 +14,6 @@ constexpr auto kSpin = std::chrono::microseconds(100);
 // Set while this thread runs a pool task: a task's own Run (a product inside an attention
 // task) then runs in order on this thread instead of waiting for a pool it occupies.
 thread_local bool t_in_task = false;
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ volatile("yield");
-#endif
-}
 
 }  // namespace
 
