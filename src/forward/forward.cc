@@ -207,21 +207,20 @@ Piece MakePiece(const AttentionArgs& a, int g, int b0) {
 }
 
 // What the steps of a piece pass on: Q's int8 rows, the scores (softmax in place), P' as two
-// int8 terms per value term, and each P' term's product with V.
+// int8 terms per value term, and each P' term's product with V. P' of value term j is 2 *
+// rows int8 rows from row 2j * rows: its first terms, then its second terms, so that both go
+// through one product with V (its rows read once); ps and out follow the same layout.
 struct PieceBuffers {
-  std::vector<int8_t> qq, pq, pq2;
-  std::vector<float> qs, scores, scores_res, ps, ps2, out, out2;
+  std::vector<int8_t> qq, pq;
+  std::vector<float> qs, scores, scores_res, ps, out;
   void Size(const Piece& pc) {
     qq.resize(static_cast<size_t>(pc.q_terms) * pc.rows_hd);
     qs.resize(static_cast<size_t>(pc.q_terms) * static_cast<size_t>(pc.rows));
     scores.resize(static_cast<size_t>(pc.q_terms) * pc.rows_nk);
     scores_res.resize(static_cast<size_t>(pc.q_terms) * pc.rows_nk);
-    pq.resize(static_cast<size_t>(pc.v_terms) * pc.rows_nk);
-    pq2.resize(static_cast<size_t>(pc.v_terms) * pc.rows_nk);
-    ps.resize(static_cast<size_t>(pc.v_terms) * static_cast<size_t>(pc.rows));
-    ps2.resize(static_cast<size_t>(pc.v_terms) * static_cast<size_t>(pc.rows));
-    out.resize(static_cast<size_t>(pc.v_terms) * pc.rows_hd);
-    out2.resize(static_cast<size_t>(pc.v_terms) * pc.rows_hd);
+    pq.resize(2 * static_cast<size_t>(pc.v_terms) * pc.rows_nk);
+    ps.resize(2 * static_cast<size_t>(pc.v_terms) * static_cast<size_t>(pc.rows));
+    out.resize(2 * static_cast<size_t>(pc.v_terms) * pc.rows_hd);
   }
 };
 
@@ -332,21 +331,25 @@ Status Probabilities(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, S
       // max/254 when attention is spread thin) the second keeps, to about max/65000.
       // Quantized over the visible keys only: zeros change neither amax nor their own 0,
       // so this gives the bits of quantizing the whole row with the invisible keys at 0.
-      const size_t pat = static_cast<size_t>(j) * pc.rows_nk + at;
-      const size_t sat = static_cast<size_t>(j) * static_cast<size_t>(pc.rows) + static_cast<size_t>(r);
+      // this row's first term, its second one rows further on (PieceBuffers)
+      const size_t pat = 2 * static_cast<size_t>(j) * pc.rows_nk + at, pat2 = pat + pc.rows_nk;
+      const size_t sat = 2 * static_cast<size_t>(j) * static_cast<size_t>(pc.rows) + static_cast<size_t>(r);
+      const size_t sat2 = sat + static_cast<size_t>(pc.rows);
       if (!kernels::QuantizeRowTwoTerms(sc.pv.data() + first, e - first, &b.pq[pat + static_cast<size_t>(first)],
-                                        &b.ps[sat], &b.pq2[pat + static_cast<size_t>(first)], &b.ps2[sat],
+                                        &b.ps[sat], &b.pq[pat2 + static_cast<size_t>(first)], &b.ps[sat2],
                                         sc.scratch.data()))
         return DataLoss(At(a.lw->layer, p) + ": non-finite attention scores; refused");
       // Invisible keys get exactly 0 in both terms: they add nothing to the int32 sums below.
-      for (int8_t* t : {&b.pq[pat], &b.pq2[pat]}) {
+      for (int8_t* t : {&b.pq[pat], &b.pq[pat2]}) {
         std::fill(t, t + first, int8_t{0});
         std::fill(t + e, t + pc.nk, int8_t{0});
       }
     }
     if (g_mass_stats) {  // the first value term's P' (the only one outside narrow models)
-      const int8_t* terms[] = {&b.pq[at + static_cast<size_t>(first)], &b.pq2[at + static_cast<size_t>(first)]};
-      const float scales[] = {b.ps[static_cast<size_t>(r)], b.ps2[static_cast<size_t>(r)]};
+      const int8_t* terms[] = {&b.pq[at + static_cast<size_t>(first)],
+                               &b.pq[pc.rows_nk + at + static_cast<size_t>(first)]};
+      const float scales[] = {b.ps[static_cast<size_t>(r)],
+                              b.ps[static_cast<size_t>(pc.rows) + static_cast<size_t>(r)]};
       RecordMass(sc.prob.data(), vscale[0] + first, e - first, terms, scales, *g_mass_stats);
     }
   }
@@ -354,10 +357,11 @@ Status Probabilities(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, S
 }
 
 // out = P' . V per value term for the head dimensions [d0, d1) (V^T (head_dim, ctx) per kv
-// head is the weight, k = the keys), then into att: (first P' term's product) + (second's),
-// one f32 add in this order; with two value terms, (that for the first value term) + (that
-// for the second). Each dimension is its own column of the products, so any split of
-// [0, head_dim) gives the same bits.
+// head is the weight, k = the keys; both P' terms' rows in one product), then into att:
+// (first P' term's product) + (second's), one f32 add in this order; with two value terms,
+// (that for the first value term) + (that for the second). Each dimension is its own column
+// of the products and each row its own row, so any split of [0, head_dim) and any stacking
+// of rows gives the same bits.
 void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0, int d1) {
   const KvCache::Layer& cache = *a.cache;
   const int hd = pc.hd;
@@ -371,11 +375,9 @@ void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0,
         d1 - d0,
         pc.nk,
         static_cast<size_t>(a.ctx)};
-    const size_t pat = static_cast<size_t>(j) * pc.rows_nk, oat = static_cast<size_t>(j) * pc.rows_hd + d0;
-    const size_t sat = static_cast<size_t>(j) * static_cast<size_t>(pc.rows);
-    kernels::MatMulQ(&b.pq[pat], &b.ps[sat], pc.rows, static_cast<size_t>(pc.nk), vview, &b.out[oat],
-                     static_cast<size_t>(hd), kernels::ProductShape::kAttention);
-    kernels::MatMulQ(&b.pq2[pat], &b.ps2[sat], pc.rows, static_cast<size_t>(pc.nk), vview, &b.out2[oat],
+    const size_t pat = 2 * static_cast<size_t>(j) * pc.rows_nk, oat = 2 * static_cast<size_t>(j) * pc.rows_hd + d0;
+    const size_t sat = 2 * static_cast<size_t>(j) * static_cast<size_t>(pc.rows);
+    kernels::MatMulQ(&b.pq[pat], &b.ps[sat], 2 * pc.rows, static_cast<size_t>(pc.nk), vview, &b.out[oat],
                      static_cast<size_t>(hd), kernels::ProductShape::kAttention);
   }
   const int n_heads = a.spec->n_heads;
@@ -386,8 +388,8 @@ void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0,
       const size_t src = static_cast<size_t>(i * pc.group + j) * hd;
       for (int d = d0; d < d1; ++d) {
         const size_t at = src + static_cast<size_t>(d);
-        const float o1 = b.out[at] + b.out2[at];
-        dst[d] = pc.v_terms == 2 ? o1 + (b.out[pc.rows_hd + at] + b.out2[pc.rows_hd + at]) : o1;
+        const float o1 = b.out[at] + b.out[pc.rows_hd + at];
+        dst[d] = pc.v_terms == 2 ? o1 + (b.out[2 * pc.rows_hd + at] + b.out[3 * pc.rows_hd + at]) : o1;
       }
     }
 }

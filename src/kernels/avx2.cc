@@ -33,10 +33,13 @@ inline __m256i Load16(const int8_t* p) {
 
 // acc[i][r] = sum_t x_i[t] * w_r[t] for MR x rows and kNr weight rows. With kPrefetch (the
 // first tile of a panel to touch these weight rows, which come from memory) it also
-// prefetches `next` (the tile kPrefetchTiles ahead) in address order: four row streams
-// interleaved at a stride of k bytes defeat the hardware prefetcher.
+// prefetches `next` (the tile kPrefetchTiles ahead, rows ld bytes apart) in address order:
+// four row streams interleaved at a stride of k bytes defeat the hardware prefetcher. Rows
+// further apart than k (attention's V^T, a row per head dimension ctx bytes apart) are
+// prefetched row by row, a line of each in turn.
 template <int MR, bool kPrefetch>
-inline void Tile(const int8_t* const* xr, const int8_t* const* wr, int k, int32_t (*acc_out)[kNr], uintptr_t next) {
+inline void Tile(const int8_t* const* xr, const int8_t* const* wr, int k, int32_t (*acc_out)[kNr], uintptr_t next,
+                 uintptr_t ld) {
   __m256i acc[MR][kNr];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
@@ -58,9 +61,13 @@ inline void Tile(const int8_t* const* xr, const int8_t* const* wr, int k, int32_
     // One 64-byte line of the next tile per 16 columns covers its kNr * k bytes. A prefetch
     // never faults, so `next` may lie past the matrix (an address, not a pointer: pointer
     // arithmetic past the end would be undefined).
-    if constexpr (kPrefetch)
+    if constexpr (kPrefetch) {
+      const auto ut = static_cast<uintptr_t>(t);
+      const uintptr_t at =
+          ld == static_cast<uintptr_t>(k) ? next + ut * kNr : next + (ut / 16 % kNr) * ld + (ut & ~uintptr_t{63});
       // NOLINTNEXTLINE(performance-no-int-to-ptr)
-      _mm_prefetch(reinterpret_cast<const char*>(next + static_cast<uintptr_t>(t) * kNr), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+    }
     step(xr, wr, t);
   }
   if (t < k) {
@@ -161,9 +168,9 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
         if (mr == 1)
           RowByRow(xr[0], wr, k, acc[0]);
         else if (i == i0)
-          Tile<2, true>(xr, wr, k, acc, next);
+          Tile<2, true>(xr, wr, k, acc, next, w.ld);
         else
-          Tile<2, false>(xr, wr, k, acc, next);
+          Tile<2, false>(xr, wr, k, acc, next, w.ld);
         for (int ii = 0; ii < mr; ++ii) {
           float* yr = y + static_cast<size_t>(i + ii) * ldy;
           for (int r = 0; r < nr; ++r) yr[j + r] = Epilogue(acc[ii][r], xscale[i + ii], w, j + r);
