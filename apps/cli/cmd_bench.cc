@@ -129,6 +129,11 @@ std::string BundledModel() {
   return {};
 }
 
+// A phase's wall time in us per layer run (0 when nothing ran).
+double PhaseUs(const LayerPhaseTimes& t, int phase) {
+  return t.layer_runs > 0 ? 1e6 * t.seconds[static_cast<size_t>(phase)] / static_cast<double>(t.layer_runs) : 0.0;
+}
+
 // One decode turn and the read bandwidth around it (the better of the measurements just
 // before and just after).
 struct DecodeRound {
@@ -244,6 +249,29 @@ int RunBench(const BenchCliOptions& o) {
   const kernels::ReadBandwidth& bandwidth = chosen.bandwidth;
   const double read_gbps = bandwidth.best_gbps;
   const double decode_tps = chosen.tps;
+  // Where a layer's time goes: one more decode turn (its layers timed from the first decode
+  // step on) and one more prefill of prefill512_tokens, phase by phase. Separate runs, so the
+  // figures above ran without the clocks.
+  if (!o.json) std::fprintf(stderr, "timing a layer's phases...\n");
+  LayerPhaseTimes decode_phases, prefill_phases;
+  double decode_phase_seconds = 0, prefill_phase_seconds = 0;
+  {
+    bool timing = false;
+    auto d = gen.Generate(prompt, g, [&](int32_t, std::span<const float>) {
+      if (!timing) SetLayerPhaseTimes(&decode_phases);  // after the prefill, before the first decode step
+      timing = true;
+    });
+    SetLayerPhaseTimes(nullptr);
+    if (!d.ok()) return ReportError(d.status().ToString());
+    decode_phase_seconds = d->decode_seconds;
+    GenerateOptions p;
+    p.max_tokens = 0;
+    SetLayerPhaseTimes(&prefill_phases);
+    auto pr = gen.Generate(make_prompt(prefill512_tokens), p);
+    SetLayerPhaseTimes(nullptr);
+    if (!pr.ok()) return ReportError(pr.status().ToString());
+    prefill_phase_seconds = pr->prefill_seconds;
+  }
   // the kernels' ceiling, measured in the same run: every gated backend's
   if (!o.json) std::fprintf(stderr, "measuring kernels...\n");
   const auto kernels_tp = kernels::MeasureKernelThroughput(o.kernel_seconds);
@@ -317,6 +345,15 @@ int RunBench(const BenchCliOptions& o) {
     j["rss_budget_bytes"] = rss_budget;
     j["peak_rss_since_start"] = !rss_reset;
     j["peak_memory_bytes"] = ProcessPeakRssBytes();
+    // A layer's wall time per phase, in us per layer run, and the runs' own time.
+    const auto phases_json = [](const LayerPhaseTimes& t, double seconds) {
+      nlohmann::ordered_json us;
+      for (int ph = 0; ph < LayerPhaseTimes::kPhases; ++ph) us[LayerPhaseTimes::Name(ph)] = PhaseUs(t, ph);
+      return nlohmann::ordered_json{
+          {"seconds", seconds}, {"layer_runs", t.layer_runs}, {"rows", t.rows}, {"layer_us", us}};
+    };
+    j["decode_phases"] = phases_json(decode_phases, decode_phase_seconds);
+    j["prefill512_phases"] = phases_json(prefill_phases, prefill_phase_seconds);
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("backend per product shape (%s): %s\n", choice.source.c_str(), summary.c_str());
@@ -343,6 +380,11 @@ int RunBench(const BenchCliOptions& o) {
         "%.2f MB read per token: ceiling %.1f tok/s, reached %.0f%% (%.0f%% of the median pass's %.1f)\n",
         decode_tps, read_gbps, bandwidth.passes, bandwidth.median_gbps, bytes_per_token / 1e6, ceiling_tps,
         100 * bandwidth_ratio, 100 * median_ratio, median_ceiling_tps);
+    std::printf("  a layer's time by phase, us per layer (decode: per token; prefill: the %d-row batch):\n",
+                prefill512_tokens);
+    for (int ph = 0; ph < LayerPhaseTimes::kPhases; ++ph)
+      std::printf("    %-15s %10.1f %12.1f\n", LayerPhaseTimes::Name(ph), PhaseUs(decode_phases, ph),
+                  PhaseUs(prefill_phases, ph));
     std::printf("peak RSS of the generation %.1f MB (budget %.1f MB: weights + KV cache + 64 MiB), probe hash %s\n",
                 static_cast<double>(peak_rss) / 1e6, static_cast<double>(rss_budget) / 1e6, hash);
   }

@@ -11,6 +11,7 @@
 // whose in-process implementation (LocalStage) is what the split tests use.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -219,6 +220,32 @@ struct AttentionMassStats {
   double flushed_sum = 0, flushed_max = 0;  // sum of p_t over keys represented by 0
 };
 void SetAttentionMassStats(AttentionMassStats* stats);
+
+// Measurement only (daisychain bench): where a layer's time goes. While set on the calling
+// thread, every layer run there adds the wall time of each of its phases (a phase's work
+// may run across the kernels' pool; it is timed on the caller, start to end) and counts the
+// layer runs and their rows. nullptr (the default) turns it off: then a layer pays one
+// pointer test per phase.
+struct LayerPhaseTimes {
+  enum Phase {
+    kAttentionNorm,  // the attention norm (and its rows' quantization)
+    kQkv,            // the q/k/v product
+    kRopeAndCache,   // RoPE, and k and v into the KV cache
+    kAttention,      // softmax(Q.K^T) V over the cache
+    kOutput,         // the attention output product
+    kMlpNorm,        // the residual add and the MLP norm
+    kGateUp,         // the gate/up (or up) product
+    kActivation,     // SiLU / GELU (and its rows' quantization)
+    kDown,           // the down product
+    kResidual,       // the residual add and the finite check
+    kPhases
+  };
+  static const char* Name(int phase);
+  std::array<double, kPhases> seconds{};
+  int64_t layer_runs = 0;
+  int64_t rows = 0;  // rows (positions) summed over the layer runs
+};
+void SetLayerPhaseTimes(LayerPhaseTimes* times);
 
 // The head's first step: embedding rows (+ learned positions) of tokens at positions
 // first_position, first_position + 1, ... Refuses ids outside the vocabulary.

@@ -255,6 +255,33 @@ TEST_F(Cli, BenchReportsThroughput) {
     EXPECT_TRUE(listed) << shape << " uses " << b;
   }
   EXPECT_EQ(j["backend"], choice["gemv"]);
+  // A layer's time by phase: every phase of every layer run timed, and the phases of a run
+  // are parts of the generation's own time (decode: from the first decode step on, one row
+  // per run; prefill: one run per layer over the whole batch).
+  const int layers = j["layers"].get<int>();
+  for (const char* which : {"decode_phases", "prefill512_phases"}) {
+    const auto& p = j[which];
+    ASSERT_TRUE(p.is_object() && p["layer_us"].is_object()) << which << " missing from " << r.out;
+    const int64_t runs = p["layer_runs"].get<int64_t>(), rows = p["rows"].get<int64_t>();
+    const std::string decode = "decode_phases";
+    if (which == decode) {
+      EXPECT_EQ(runs, int64_t{15} * layers) << "one run per layer of each of the 15 decode steps";
+      EXPECT_EQ(rows, runs);
+    } else {
+      EXPECT_EQ(runs, layers);
+      EXPECT_EQ(rows, int64_t{j["prefill512_tokens"].get<int>()} * layers);
+    }
+    ASSERT_EQ(p["layer_us"].size(), 10u) << p.dump();
+    double sum_us = 0;
+    for (const char* phase : {"attention_norm", "qkv", "rope_and_cache", "attention", "output", "mlp_norm", "gate_up",
+                              "activation", "down", "residual"}) {
+      ASSERT_TRUE(p["layer_us"].contains(phase)) << which << " " << phase;
+      const double us = p["layer_us"][phase].get<double>();
+      EXPECT_GT(us, 0) << which << " " << phase;
+      sum_us += us;
+    }
+    EXPECT_LE(sum_us * static_cast<double>(runs), 1e6 * p["seconds"].get<double>() * (1 + 1e-9)) << p.dump();
+  }
 }
 
 // Issue 11, item 10: `inspect` on a folder where a model file is a FIFO used to block in

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -137,6 +138,29 @@ bool Product(const float* x, int m, const kernels::QuantizedMatrix& w, float* y)
 constexpr int kQueryBlock = 64;
 
 thread_local AttentionMassStats* g_mass_stats = nullptr;
+thread_local LayerPhaseTimes* g_phase_times = nullptr;
+
+// Adds the wall time since the last mark to a phase of g_phase_times (LayerPhaseTimes); a
+// pointer test when that is off.
+class PhaseClock {
+ public:
+  explicit PhaseClock(int rows) : t_(g_phase_times) {
+    if (t_ == nullptr) return;
+    ++t_->layer_runs;
+    t_->rows += rows;
+    last_ = std::chrono::steady_clock::now();
+  }
+  void Mark(LayerPhaseTimes::Phase phase) {
+    if (t_ == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    t_->seconds[static_cast<size_t>(phase)] += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  LayerPhaseTimes* t_;
+  std::chrono::steady_clock::time_point last_;
+};
 
 // Measurement only: what the int8 terms of one P row lose. p (n) the f32 softmax, vscale
 // the keys' V scales folded into the row, terms the row's int8 terms and their scales.
@@ -635,6 +659,7 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   const int ffn = s.intermediate;
   const auto& pos = h.positions;
   float* x = h.values.data();
+  PhaseClock clock(n);
 
   // Scratch reused across layers and tokens (per thread): no allocation per decoded token.
   // Every element is written before it is read.
@@ -664,9 +689,11 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     return QuantizeForProduct(qkv_quantized, xb_rows, dim, i0, i1, xq_rows, xs_rows, "attention input", l, pos);
   };
   DAISY_RETURN_IF_ERROR(ForRowBlocks(n, attn_norm));
+  clock.Mark(LayerPhaseTimes::kAttentionNorm);
   // q, k, v projections (one product)
   DAISY_RETURN_IF_ERROR(
       LayerProduct(qkv_quantized, xq_rows, xs_rows, xb_rows, n, lw.qkv, qkv_rows, "attention input", l, pos));
+  clock.Mark(LayerPhaseTimes::kQkv);
   // RoPE on q and k, then k and v enter the cache, per (position, kv head): k as two int8
   // terms (the second quantizes the first's residual, computed in f32 element by element), v
   // as one (two in a narrow model), transposed. Rows run in blocks that end on multiples of
@@ -731,11 +758,14 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   } else {
     DAISY_RETURN_IF_ERROR(ParallelTasks(blocks, rope_and_cache));
   }
+  clock.Mark(LayerPhaseTimes::kRopeAndCache);
   // attention (causal; sliding window where the layer has one)
   DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
+  clock.Mark(LayerPhaseTimes::kAttention);
   // output projection
   DAISY_RETURN_IF_ERROR(
       LayerProduct(false, nullptr, nullptr, att.data(), n, lw.o, o.data(), "attention output", l, pos));
+  clock.Mark(LayerPhaseTimes::kOutput);
   // residual, then the MLP norm, block by block (the rows' adds ran serially before)
   const float* const o_rows = o.data();
   const bool gate_up_quantized = OneTermProduct(lw.gate_up);
@@ -746,11 +776,13 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     return QuantizeForProduct(gate_up_quantized, xb_rows, dim, i0, i1, xq_rows, xs_rows, "MLP input", l, pos);
   };
   DAISY_RETURN_IF_ERROR(ForRowBlocks(n, mlp_norm));
+  clock.Mark(LayerPhaseTimes::kMlpNorm);
   // gate | up projections (one product)
   const int gu = lw.gate_up.n;
   hb.resize(static_cast<size_t>(n) * gu);
   DAISY_RETURN_IF_ERROR(
       LayerProduct(gate_up_quantized, xq_rows, xs_rows, xb_rows, n, lw.gate_up, hb.data(), "MLP input", l, pos));
+  clock.Mark(LayerPhaseTimes::kGateUp);
   // SwiGLU: silu(gate) * up | GELU (tanh approximation)
   act.resize(static_cast<size_t>(n) * ffn);
   // Elementwise, so the rows are spread over the kernels' pool (exp / tanh took a quarter of
@@ -770,9 +802,11 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   } else {
     DAISY_RETURN_IF_ERROR(ParallelTasks(n, activation));
   }
+  clock.Mark(LayerPhaseTimes::kActivation);
   // down projection
   DAISY_RETURN_IF_ERROR(
       LayerProduct(down_quantized, xq_rows, xs_rows, act_rows, n, lw.down, o.data(), "MLP activation", l, pos));
+  clock.Mark(LayerPhaseTimes::kDown);
   // residual, block by block, and each block's rows refused if not finite (never forwarded)
   // while they are in cache; the first failing block in row order is the one reported
   const std::string where = "layer " + std::to_string(l);
@@ -782,6 +816,7 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     return CheckFinite(h, where, i0, i1);
   };
   DAISY_RETURN_IF_ERROR(ForRowBlocks(n, residual));
+  clock.Mark(LayerPhaseTimes::kResidual);
   return Status::Ok();
 }
 
@@ -832,6 +867,17 @@ HiddenStates HiddenStates::Slice(int begin, int end) const {
 
 void SetAttentionMassStats(AttentionMassStats* stats) {
   g_mass_stats = stats;
+}
+
+const char* LayerPhaseTimes::Name(int phase) {
+  static constexpr const char* kNames[kPhases] = {"attention_norm", "qkv",      "rope_and_cache", "attention",
+                                                  "output",         "mlp_norm", "gate_up",        "activation",
+                                                  "down",           "residual"};
+  return phase >= 0 && phase < kPhases ? kNames[phase] : "?";
+}
+
+void SetLayerPhaseTimes(LayerPhaseTimes* times) {
+  g_phase_times = times;
 }
 
 // --- KvCache --------------------------------------------------------------------------
