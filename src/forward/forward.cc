@@ -208,6 +208,9 @@ struct Piece {
   size_t rows_nk, rows_hd;
   // Keys visible to the query at position p: [FirstKey(p), p].
   int FirstKey(int p) const { return window > 0 ? std::max(0, p - window + 1) : 0; }
+  // The first of the `rows` rows of P' term `term` (0 or 1) of value term j in PieceBuffers'
+  // pq, ps and out: value term j's first terms, then its second terms.
+  size_t PRow(int j, int term) const { return static_cast<size_t>(2 * j + term) * static_cast<size_t>(rows); }
 };
 
 Piece MakePiece(const AttentionArgs& a, int g, int b0) {
@@ -231,9 +234,9 @@ Piece MakePiece(const AttentionArgs& a, int g, int b0) {
 }
 
 // What the steps of a piece pass on: Q's int8 rows, the scores (softmax in place), P' as two
-// int8 terms per value term, and each P' term's product with V. P' of value term j is 2 *
-// rows int8 rows from row 2j * rows: its first terms, then its second terms, so that both go
-// through one product with V (its rows read once); ps and out follow the same layout.
+// int8 terms per value term, and each P' term's product with V. Both terms of a value term's
+// P' are rows of one block (Piece::PRow), so they go through one product with V (its rows
+// read once); ps and out follow the same layout.
 struct PieceBuffers {
   std::vector<int8_t> qq, pq;
   std::vector<float> qs, scores, scores_res, ps, out;
@@ -242,9 +245,9 @@ struct PieceBuffers {
     qs.resize(static_cast<size_t>(pc.q_terms) * static_cast<size_t>(pc.rows));
     scores.resize(static_cast<size_t>(pc.q_terms) * pc.rows_nk);
     scores_res.resize(static_cast<size_t>(pc.q_terms) * pc.rows_nk);
-    pq.resize(2 * static_cast<size_t>(pc.v_terms) * pc.rows_nk);
-    ps.resize(2 * static_cast<size_t>(pc.v_terms) * static_cast<size_t>(pc.rows));
-    out.resize(2 * static_cast<size_t>(pc.v_terms) * pc.rows_hd);
+    pq.resize(pc.PRow(pc.v_terms, 0) * static_cast<size_t>(pc.nk));
+    ps.resize(pc.PRow(pc.v_terms, 0));
+    out.resize(pc.PRow(pc.v_terms, 0) * static_cast<size_t>(pc.hd));
   }
 };
 
@@ -355,10 +358,8 @@ Status Probabilities(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, S
       // max/254 when attention is spread thin) the second keeps, to about max/65000.
       // Quantized over the visible keys only: zeros change neither amax nor their own 0,
       // so this gives the bits of quantizing the whole row with the invisible keys at 0.
-      // this row's first term, its second one rows further on (PieceBuffers)
-      const size_t pat = 2 * static_cast<size_t>(j) * pc.rows_nk + at, pat2 = pat + pc.rows_nk;
-      const size_t sat = 2 * static_cast<size_t>(j) * static_cast<size_t>(pc.rows) + static_cast<size_t>(r);
-      const size_t sat2 = sat + static_cast<size_t>(pc.rows);
+      const size_t sat = pc.PRow(j, 0) + static_cast<size_t>(r), sat2 = pc.PRow(j, 1) + static_cast<size_t>(r);
+      const size_t pat = sat * static_cast<size_t>(pc.nk), pat2 = sat2 * static_cast<size_t>(pc.nk);
       if (!kernels::QuantizeRowTwoTerms(sc.pv.data() + first, e - first, &b.pq[pat + static_cast<size_t>(first)],
                                         &b.ps[sat], &b.pq[pat2 + static_cast<size_t>(first)], &b.ps[sat2],
                                         sc.scratch.data()))
@@ -370,10 +371,11 @@ Status Probabilities(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, S
       }
     }
     if (g_mass_stats) {  // the first value term's P' (the only one outside narrow models)
-      const int8_t* terms[] = {&b.pq[at + static_cast<size_t>(first)],
-                               &b.pq[pc.rows_nk + at + static_cast<size_t>(first)]};
-      const float scales[] = {b.ps[static_cast<size_t>(r)],
-                              b.ps[static_cast<size_t>(pc.rows) + static_cast<size_t>(r)]};
+      const size_t r0 = pc.PRow(0, 0) + static_cast<size_t>(r), r1 = pc.PRow(0, 1) + static_cast<size_t>(r);
+      const size_t nk = static_cast<size_t>(pc.nk);
+      const int8_t* terms[] = {&b.pq[r0 * nk + static_cast<size_t>(first)],
+                               &b.pq[r1 * nk + static_cast<size_t>(first)]};
+      const float scales[] = {b.ps[r0], b.ps[r1]};
       RecordMass(sc.prob.data(), vscale[0] + first, e - first, terms, scales, *g_mass_stats);
     }
   }
@@ -399,11 +401,15 @@ void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0,
         d1 - d0,
         pc.nk,
         static_cast<size_t>(a.ctx)};
-    const size_t pat = 2 * static_cast<size_t>(j) * pc.rows_nk, oat = 2 * static_cast<size_t>(j) * pc.rows_hd + d0;
-    const size_t sat = 2 * static_cast<size_t>(j) * static_cast<size_t>(pc.rows);
-    kernels::MatMulQ(&b.pq[pat], &b.ps[sat], 2 * pc.rows, static_cast<size_t>(pc.nk), vview, &b.out[oat],
-                     static_cast<size_t>(hd), kernels::ProductShape::kAttention);
+    const size_t row = pc.PRow(j, 0);  // both P' terms: 2 * rows rows from here
+    kernels::MatMulQ(&b.pq[row * static_cast<size_t>(pc.nk)], &b.ps[row], 2 * pc.rows, static_cast<size_t>(pc.nk),
+                     vview, &b.out[row * static_cast<size_t>(hd) + static_cast<size_t>(d0)], static_cast<size_t>(hd),
+                     kernels::ProductShape::kAttention);
   }
+  // out of (value term, P' term): [0][0], [0][1], then [1][0], [1][1] with two value terms
+  const float* o[2][2];
+  for (int j = 0; j < pc.v_terms; ++j)
+    for (int t = 0; t < 2; ++t) o[j][t] = &b.out[pc.PRow(j, t) * static_cast<size_t>(hd)];
   const int n_heads = a.spec->n_heads;
   for (int i = 0; i < pc.bn; ++i)
     for (int j = 0; j < pc.group; ++j) {
@@ -412,8 +418,8 @@ void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0,
       const size_t src = static_cast<size_t>(i * pc.group + j) * hd;
       for (int d = d0; d < d1; ++d) {
         const size_t at = src + static_cast<size_t>(d);
-        const float o1 = b.out[at] + b.out[pc.rows_hd + at];
-        dst[d] = pc.v_terms == 2 ? o1 + (b.out[2 * pc.rows_hd + at] + b.out[3 * pc.rows_hd + at]) : o1;
+        const float o1 = o[0][0][at] + o[0][1][at];
+        dst[d] = pc.v_terms == 2 ? o1 + (o[1][0][at] + o[1][1][at]) : o1;
       }
     }
 }
