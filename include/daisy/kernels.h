@@ -68,7 +68,7 @@ struct QuantizedMatrix {
 // x (k) as two int8 terms, x ~= s1 * q1 + s2 * q2: (q1, s1) = QuantizeRow(x), then the
 // residual r[d] = x[d] - float(q1[d]) * s1 (one multiply, one subtract, no FMA) quantized
 // the same way, so s2 <= s1 / 254 (up to rounding): about 15 bits instead of 8. Every step
-// is a function of this one row. r is scratch (k). False on a non-finite input.
+// is a function of this one row. r is scratch (k), apart from x. False on a non-finite input.
 bool QuantizeRowTwoTerms(const float* x, int k, int8_t* q1, float* s1, int8_t* q2, float* s2, float* r);
 
 // ops::SoftmaxRows (src/forward/ops.h has the arithmetic) through the row operations'
