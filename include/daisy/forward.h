@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "daisy/kernels.h"
+#include "daisy/memory.h"
 #include "daisy/model.h"
 #include "daisy/safetensors.h"
 #include "daisy/source.h"
@@ -182,16 +183,18 @@ class KvCache {
   void Truncate(int n);
   size_t Bytes() const;
 
+  // The int8 rows in large-page memory (memory.h): attention reads them every step, and
+  // V^T's columns, written one a step, lie a context apart.
   struct Layer {
-    std::vector<int8_t> k;           // (n_kv_heads, ctx, head_dim): QuantizeRow(key)
+    LargePageBytes k;                // (n_kv_heads, ctx, head_dim): QuantizeRow(key)
     std::vector<float> k_scale;      // (n_kv_heads, ctx)
-    std::vector<int8_t> k_res;       // (n_kv_heads, ctx, head_dim): QuantizeRow(key - k_scale * k)
+    LargePageBytes k_res;            // (n_kv_heads, ctx, head_dim): QuantizeRow(key - k_scale * k)
     std::vector<float> k_res_scale;  // (n_kv_heads, ctx)
-    std::vector<int8_t> vt;          // (n_kv_heads, head_dim, ctx): V transposed per head
+    LargePageBytes vt;               // (n_kv_heads, head_dim, ctx): V transposed per head
     std::vector<float> v_scale;      // (n_kv_heads, ctx)
     // A narrow model's (model.h NarrowModel) second term of each value row, laid out as vt;
     // empty otherwise.
-    std::vector<int8_t> vt_res;      // (n_kv_heads, head_dim, ctx)
+    LargePageBytes vt_res;           // (n_kv_heads, head_dim, ctx)
     std::vector<float> v_res_scale;  // (n_kv_heads, ctx)
   };
   // Layer l, first() <= l < end(). For the forward pass.

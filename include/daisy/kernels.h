@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "daisy/memory.h"
 #include "daisy/status.h"
 
 namespace daisy::kernels {
@@ -48,11 +49,11 @@ struct QMatrixView {
 struct QuantizedMatrix {
   int n = 0;                 // output channels
   int k = 0;                 // input features
-  std::vector<int8_t> q;     // (n, k) row-major
+  LargePageBytes q;          // (n, k) row-major; large pages: a decode streams it every token
   std::vector<float> scale;  // (n)
   std::vector<float> bias;   // (n) or empty
   // The second int8 term of a two-term matrix (QuantizeRowTwoTerms per row), else empty.
-  std::vector<int8_t> q_res;     // (n, k)
+  LargePageBytes q_res;          // (n, k)
   std::vector<float> scale_res;  // (n)
   bool two_terms() const { return !q_res.empty(); }
   QMatrixView View() const {

@@ -1,13 +1,18 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "daisy/log.h"
@@ -137,6 +142,120 @@ TEST(Memory, PeakRssSeesAnAllocationAndCanStartOver) {
   EXPECT_LT(PeakRssBytes(), before + (200ull << 20));
   EXPECT_GT(AvailableMemoryBytes(), 0u);
 }
+
+// Large-page memory (memory.h): blocks of every size class are aligned, writable and apart;
+// the regions are returned when their last block is freed; a freed block's pages leave at
+// once while its region lives on; and the regions carry the large-page advice.
+TEST(LargePages, BlocksAreAlignedApartAndRegionsAreReturned) {
+  const LargePageStats before = GetLargePageStats();
+  // Below 64 KiB (operator new), shared regions (a 64 MiB region fills and a second one
+  // opens), and a region of its own (above 32 MiB).
+  const std::vector<size_t> sizes = {100,       4096,      65536,     65537,           (1u << 20) + 3, 7u << 20,
+                                     30u << 20, 30u << 20, 17u << 20, (40u << 20) + 1, 65536};
+  std::vector<std::pair<unsigned char*, size_t>> blocks;
+  for (size_t n : sizes) {
+    auto* p = static_cast<unsigned char*>(AllocateLargePages(n));
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << n;
+    std::memset(p, static_cast<int>(blocks.size() + 1), n);
+    blocks.emplace_back(p, n);
+  }
+  // Every block still holds its own byte at both ends: none overlaps another.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(blocks[i].first[0], i + 1) << "block " << i;
+    EXPECT_EQ(blocks[i].first[blocks[i].second - 1], i + 1) << "block " << i;
+  }
+#if defined(__linux__)
+  const LargePageStats during = GetLargePageStats();
+  EXPECT_EQ(during.live_blocks, before.live_blocks + 9);  // all but the two small ones
+  EXPECT_GE(during.regions, before.regions + 3);          // two shared, one of its own
+#endif
+  for (auto& [p, n] : blocks) FreeLargePages(p, n);
+  const LargePageStats after = GetLargePageStats();
+  EXPECT_EQ(after.regions, before.regions);
+  EXPECT_EQ(after.live_blocks, before.live_blocks);
+  EXPECT_EQ(after.region_bytes, before.region_bytes);
+#if defined(__linux__)
+  // And they are gone from the address space, not just from the count (mincore: ENOMEM).
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (size_t i : {size_t{3}, size_t{6}, size_t{9}}) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(blocks[i].first) / page * page;
+    unsigned char v = 0;
+    errno = 0;
+    EXPECT_EQ(mincore(reinterpret_cast<void*>(at), page, &v), -1)
+        << "block " << i;  // NOLINT(performance-no-int-to-ptr)
+    EXPECT_EQ(errno, ENOMEM) << "block " << i;
+  }
+#endif
+}
+
+#if defined(__linux__)
+// Whether each page of [p, p + bytes) is resident (mincore).
+std::vector<bool> Resident(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t from = reinterpret_cast<uintptr_t>(p) / page * page;
+  const size_t pages = (reinterpret_cast<uintptr_t>(p) + bytes - from + page - 1) / page;
+  std::vector<unsigned char> v(pages);
+  EXPECT_EQ(mincore(reinterpret_cast<void*>(from), pages * page, v.data()), 0);  // NOLINT(performance-no-int-to-ptr)
+  std::vector<bool> out;
+  for (unsigned char c : v) out.push_back((c & 1) != 0);
+  return out;
+}
+
+TEST(LargePages, AFreedBlockLeavesMemoryWhileItsRegionLivesOn) {
+  const size_t n = size_t{4} << 20;
+  auto* a = static_cast<unsigned char*>(AllocateLargePages(n));
+  auto* b = static_cast<unsigned char*>(AllocateLargePages(n));
+  std::memset(a, 1, n);
+  std::memset(b, 2, n);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // a's whole pages: those that hold no byte of a neighbour.
+  unsigned char* inner = a + (page - reinterpret_cast<uintptr_t>(a) % page) % page;
+  const size_t inner_bytes = (a + n - inner) / page * page - page;
+  for (bool r : Resident(inner, inner_bytes)) ASSERT_TRUE(r);
+  FreeLargePages(a, n);
+  size_t still = 0;
+  for (bool r : Resident(inner, inner_bytes)) still += r ? 1 : 0;
+  EXPECT_EQ(still, 0u) << "of " << inner_bytes / page << " pages";
+  for (bool r : Resident(b, n)) ASSERT_TRUE(r);
+  EXPECT_EQ(b[0], 2);
+  EXPECT_EQ(b[n - 1], 2);
+  FreeLargePages(b, n);
+}
+
+// The region holding a block carries the large-page advice: THPeligible in its
+// /proc/self/smaps entry, which the kernel reports wherever THP is not switched off.
+TEST(LargePages, RegionsCarryTheLargePageAdvice) {
+  std::ifstream mode("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!std::getline(mode, line) || line.find("[never]") != std::string::npos)
+    GTEST_SKIP() << "transparent huge pages are off on this kernel: the advice has nothing to act on";
+  const size_t n = size_t{3} << 20;
+  auto* p = static_cast<unsigned char*>(AllocateLargePages(n));
+  std::memset(p, 1, n);
+  auto eligible_at = [](const void* at) {
+    std::ifstream smaps("/proc/self/smaps");
+    std::string l;
+    bool inside = false;
+    const auto a = reinterpret_cast<uintptr_t>(at);
+    while (std::getline(smaps, l)) {
+      unsigned long long lo = 0, hi = 0;
+      if (std::sscanf(l.c_str(), "%llx-%llx ", &lo, &hi) == 2 && l.find(':') > l.find(' ')) {
+        inside = a >= lo && a < hi;
+        continue;
+      }
+      if (inside && l.rfind("THPeligible:", 0) == 0) return l.find('1') != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(eligible_at(p));
+  std::vector<char> plain(n, 1);  // operator new's memory: not advised
+  if (line.find("[madvise]") != std::string::npos) {
+    EXPECT_FALSE(eligible_at(plain.data()));
+  }
+  FreeLargePages(p, n);
+}
+#endif
 
 }  // namespace
 }  // namespace daisy

@@ -1,12 +1,18 @@
 #include "daisy/memory.h"
 
 #include <sys/resource.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
+#include <new>
+#include <vector>
 
 namespace daisy {
 
@@ -98,6 +104,154 @@ bool ResetPeakRss() {
   if (!f) return false;
   const bool ok = std::fputs("5", f) >= 0;
   return std::fclose(f) == 0 && ok;
+}
+
+namespace {
+
+constexpr size_t kAlign = 64;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+constexpr size_t kSmallBytes = size_t{64} << 10;   // below: operator new
+constexpr size_t kRegionBytes = size_t{64} << 20;  // shared regions
+constexpr size_t kLargePage = size_t{2} << 20;
+constexpr size_t kPage = 4096;
+
+size_t RoundUp(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+struct Region {
+  char* base = nullptr;  // kLargePage-aligned
+  size_t size = 0;
+  size_t used = 0;  // blocks are taken in order; freed space is not reused
+  size_t live = 0;
+};
+
+// The regions, under a lock: blocks are a model's matrices (hundreds), not a hot path.
+struct Regions {
+  std::mutex mu;
+  std::vector<Region> all;
+  Region* open = nullptr;  // the shared region new blocks come from
+
+  // A kLargePage-aligned mapping of `size` bytes, advised for large pages before any touch.
+  static char* Map(size_t size) {
+    void* raw = mmap(nullptr, size + kLargePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = RoundUp(start, kLargePage);
+    // Give back the unaligned head and tail of the over-sized mapping.
+    if (aligned > start) munmap(raw, aligned - start);
+    const uintptr_t end = start + size + kLargePage;
+    if (end > aligned + size)
+      munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));  // NOLINT(performance-no-int-to-ptr)
+    void* p = reinterpret_cast<void*>(aligned);                                 // NOLINT(performance-no-int-to-ptr)
+    madvise(p, size, MADV_HUGEPAGE);  // advice: a kernel without THP ignores it
+    return static_cast<char*>(p);
+  }
+
+  void* Allocate(size_t bytes) {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (bytes > kRegionBytes / 2) {  // a region of its own
+      const size_t size = RoundUp(bytes, kLargePage);
+      char* base = Map(size);
+      all.push_back(Region{base, size, size, 1});
+      open = nullptr;  // push_back may have moved the regions
+      Reopen();
+      return base;
+    }
+    const size_t need = RoundUp(bytes, kAlign);
+    if (!open || open->size - open->used < need) {
+      all.push_back(Region{Map(kRegionBytes), kRegionBytes, 0, 0});
+      open = &all.back();
+    }
+    char* p = open->base + open->used;
+    open->used += need;
+    ++open->live;
+    return p;
+  }
+
+  void Free(void* ptr, size_t bytes) {
+    const std::lock_guard<std::mutex> lock(mu);
+    char* p = static_cast<char*>(ptr);
+    for (size_t i = 0; i < all.size(); ++i) {
+      Region& r = all[i];
+      if (p < r.base || p >= r.base + r.size) continue;
+      if (--r.live == 0) {
+        munmap(r.base, r.size);
+        all.erase(all.begin() + static_cast<std::ptrdiff_t>(i));
+        open = nullptr;
+        Reopen();
+        return;
+      }
+      // The block's whole pages go back now: the region lives on for its other blocks.
+      const uintptr_t from = RoundUp(reinterpret_cast<uintptr_t>(p), kPage);
+      const uintptr_t to = (reinterpret_cast<uintptr_t>(p) + bytes) / kPage * kPage;
+      if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);  // NOLINT
+      return;
+    }
+    std::abort();  // not a block of these regions: a caller's bug that must not go on
+  }
+
+  // The shared region new blocks keep coming from, after the vector changed: the last one
+  // that is not a region of its own.
+  void Reopen() {
+    for (auto it = all.rbegin(); it != all.rend(); ++it)
+      if (it->size == kRegionBytes && it->used < it->size) {
+        open = &*it;
+        return;
+      }
+  }
+};
+
+Regions& TheRegions() {
+  static Regions* regions = new Regions;  // never destroyed: blocks may outlive static teardown
+  return *regions;
+}
+#endif
+
+}  // namespace
+
+void* AllocateLargePages(size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (bytes >= kSmallBytes) return TheRegions().Allocate(bytes);
+#endif
+  return ::operator new (bytes == 0 ? 1 : bytes, std::align_val_t{kAlign});
+}
+
+void FreeLargePages(void* p, size_t bytes) {
+  if (!p) return;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (bytes >= kSmallBytes) {
+    TheRegions().Free(p, bytes);
+    return;
+  }
+#endif
+  ::operator delete (p, std::align_val_t{kAlign});
+}
+
+LargePageStats GetLargePageStats() {
+  LargePageStats s;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  Regions& r = TheRegions();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  for (const Region& g : r.all) {
+    ++s.regions;
+    s.region_bytes += g.size;
+    s.live_blocks += g.live;
+  }
+#endif
+  return s;
+}
+
+uint64_t HugePageBytes() {
+  uint64_t total = 0;
+  if (std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "AnonHugePages: %llu kB", &kib) == 1) total += static_cast<uint64_t>(kib) * 1024;
+    std::fclose(f);
+  }
+  return total;
 }
 
 }  // namespace daisy

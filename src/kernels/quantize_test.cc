@@ -184,7 +184,7 @@ TEST(QuantizeTest, MatrixQuantizesEachRowAndKeepsBias) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->n, 3);
   EXPECT_EQ(m->k, 3);
-  EXPECT_EQ(m->q, (std::vector<int8_t>{70, -127, 32, 0, 0, 0, 127, 0, 2}));
+  EXPECT_EQ(std::vector<int8_t>(m->q.begin(), m->q.end()), (std::vector<int8_t>{70, -127, 32, 0, 0, 0, 127, 0, 2}));
   EXPECT_EQ(Bits(m->scale[0]), Bits(2.0f / 127.0f));
   EXPECT_EQ(Bits(m->scale[1]), Bits(0.0f));
   EXPECT_EQ(Bits(m->scale[2]), Bits(2.0f));

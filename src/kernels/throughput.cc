@@ -11,7 +11,7 @@ namespace daisy::kernels {
 namespace {
 
 // Random int8 in [-127, 127] (the quantizer's range), 8 bytes per generator step.
-void FillQ(std::vector<int8_t>& q, uint64_t seed) {
+void FillQ(std::span<int8_t> q, uint64_t seed) {
   for (size_t i = 0; i < q.size(); i += 8) {
     uint64_t r = internal::SplitMix64(seed + i);
     for (size_t b = 0; b < 8 && i + b < q.size(); ++b, r >>= 8) {
@@ -23,7 +23,8 @@ void FillQ(std::vector<int8_t>& q, uint64_t seed) {
 
 struct Case {
   int m, n, k;
-  std::vector<int8_t> x, w;
+  std::vector<int8_t> x;
+  LargePageBytes w;  // as a model's weights are held
   std::vector<float> xs, ws, y;
   Case(int m_, int n_, int k_) : m(m_), n(n_), k(k_) {
     x.resize(static_cast<size_t>(m) * static_cast<size_t>(k));
@@ -73,7 +74,7 @@ ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend>
   // 8 query rows) against 512 cached keys, Q.K (k = head_dim 64) then P.V (k = the keys,
   // V^T rows strided by a 4096-position context).
   Case gemv(1, 53248, 896), gemm(64, 512, 896), qk(8, 512, 64), pv(8, 64, 512);
-  std::vector<int8_t> vt(static_cast<size_t>(64) * 4096);
+  LargePageBytes vt(static_cast<size_t>(64) * 4096);  // as a KV cache's
   FillQ(vt, 3);
   const QMatrixView pv_view{vt.data(), nullptr, nullptr, 64, 512, 4096};
   ShapeTimings t{};  // 0: not measured (yet)
@@ -159,7 +160,9 @@ ReadBandwidth MeasureReadBandwidth(double seconds) {
   // within [-127, 127] as every backend requires.
   constexpr int kK = 4096;
   constexpr int kRows = static_cast<int>(kBytes / kK);
-  std::vector<uint64_t> buf(kBytes / 8);
+  // In weight memory, as the weights are (memory.h): the ceiling is what a read of such
+  // memory can do, large pages included.
+  std::vector<uint64_t, LargePageAllocator<uint64_t>> buf(kBytes / 8);
   auto* bytes = reinterpret_cast<int8_t*>(buf.data());
   for (size_t i = 0; i < kBytes; ++i) bytes[i] = static_cast<int8_t>(static_cast<int>(i & 0x7F) - 64);  // every page
   std::vector<int8_t> x(kK, 1);
