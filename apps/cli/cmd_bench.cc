@@ -182,6 +182,9 @@ int RunBench(const BenchCliOptions& o) {
   auto r = gen.Generate(prompt, g);
   if (!r.ok()) return ReportError(r.status().ToString());
   const uint64_t peak_rss = PeakRssBytes();
+  // How much of the process the kernel backs with large pages now (weights and KV cache ask
+  // for them, memory.h): 0 says the decode streams from 4 KiB pages (THP off, or no room).
+  const uint64_t large_pages = HugePageBytes();
   const uint64_t rss_budget = pipeline->WeightBytes() + pipeline->CacheBytes() + (uint64_t{64} << 20);
   // count per second, 0 for a phase too short to time
   const auto per_second = [](double count, double seconds) { return seconds > 0 ? count / seconds : 0; };
@@ -345,6 +348,7 @@ int RunBench(const BenchCliOptions& o) {
     j["rss_budget_bytes"] = rss_budget;
     j["peak_rss_since_start"] = !rss_reset;
     j["peak_memory_bytes"] = ProcessPeakRssBytes();
+    j["large_page_bytes"] = large_pages;
     // A layer's wall time per phase, in us per layer run, and the runs' own time.
     const auto phases_json = [](const LayerPhaseTimes& t, double seconds) {
       nlohmann::ordered_json us;
@@ -387,6 +391,10 @@ int RunBench(const BenchCliOptions& o) {
                   PhaseUs(prefill_phases, ph));
     std::printf("peak RSS of the generation %.1f MB (budget %.1f MB: weights + KV cache + 64 MiB), probe hash %s\n",
                 static_cast<double>(peak_rss) / 1e6, static_cast<double>(rss_budget) / 1e6, hash);
+    std::printf("large pages under the weights and KV cache: %.1f MB of %.1f MB%s\n",
+                static_cast<double>(large_pages) / 1e6,
+                static_cast<double>(pipeline->WeightBytes() + pipeline->CacheBytes()) / 1e6,
+                large_pages == 0 ? " (none: transparent huge pages off or unavailable, decode reads 4 KiB pages)" : "");
   }
   return 0;
 }

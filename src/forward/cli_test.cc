@@ -245,6 +245,10 @@ TEST_F(Cli, BenchReportsThroughput) {
   // stories260K: the budget is its weights + KV cache + 64 MiB
   EXPECT_EQ(j["rss_budget_bytes"].get<uint64_t>(),
             j["weight_bytes"].get<uint64_t>() + j["kv_cache_bytes"].get<uint64_t>() + (uint64_t{64} << 20));
+  // The large pages under the process now: a count of bytes, at most its peak (stories260K's
+  // matrices are below the 64 KiB that large-page memory starts at, so it may be 0 here).
+  ASSERT_TRUE(j["large_page_bytes"].is_number_unsigned()) << r.out;
+  EXPECT_LE(j["large_page_bytes"].get<uint64_t>(), j["peak_memory_bytes"].get<uint64_t>());
   const auto& choice = j["backend_choice"];
   ASSERT_TRUE(choice.is_object()) << r.out;
   for (const char* shape : {"gemv", "gemm", "attention"}) {
