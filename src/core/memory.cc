@@ -188,7 +188,9 @@ struct Regions {
       if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);  // NOLINT
       return;
     }
-    std::abort();  // not a block of these regions: a caller's bug that must not go on
+    // Not a block of these regions: a caller's bug that must not go on.
+    std::fprintf(stderr, "Bug: FreeLargePages of %zu bytes at %p, which no large-page region holds\n", bytes, ptr);
+    std::abort();
   }
 
   // The shared region new blocks keep coming from, after the vector changed: the last one
