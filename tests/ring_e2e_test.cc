@@ -475,14 +475,22 @@ TEST_F(RingTest, ASecondPromptWaitsForTheTurnInProgress) {
   const std::string tiny = (models_ / "tiny30").string();
   const auto want_a = GenerateIds(tiny, "Once upon a time", 100);
   const auto want_b = GenerateIds(tiny, "Lily and Ben", 30);
-  auto spawn = [&](const std::string& home, const std::string& prompt, int n, const std::string& log) {
-    return Proc::Spawn({e2e::Bin(), "run", "--join", Join(), "--json", "--name", home, "--model", tiny, "--prompt",
-                        prompt, "-n", std::to_string(n), "--stages", "2"},
-                       Env(home), (tmp_ / log).string());
+  auto spawn = [&](const std::string& home, const std::string& prompt, int n, const std::string& log, bool draft) {
+    std::vector<std::string> args = {e2e::Bin(), "run", "--join",          Join(),     "--json",
+                                     "--name",   home,  "--model",         tiny,       "--prompt",
+                                     prompt,     "-n",  std::to_string(n), "--stages", "2"};
+    if (!draft) args.push_back("--no-lookahead");
+    return Proc::Spawn(args, Env(home), (tmp_ / log).string());
   };
-  Proc a = spawn("head-a", "Once upon a time", 100, "run-a.log");
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  Proc b = spawn("head-b", "Lily and Ben", 30, "run-b.log");
+  // The first turn without drafts: its 100 laps of at least one 30 ms hop each keep the ring
+  // for 3 s or more once its stages are ready (with drafts, this model's repetitive text
+  // took a third of the laps, and the turn sometimes ended before the second head asked).
+  Proc a = spawn("head-a", "Once upon a time", 100, "run-a.log", /*draft=*/false);
+  const std::string log_a = (tmp_ / "run-a.log").string();
+  for (int i = 0; i < 500 && e2e::ReadAll(log_a).find("all stages ready") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_NE(e2e::ReadAll(log_a).find("all stages ready"), std::string::npos) << e2e::ReadAll(log_a);
+  Proc b = spawn("head-b", "Lily and Ben", 30, "run-b.log", /*draft=*/true);
   ASSERT_EQ(a.Wait(90), 0) << e2e::ReadAll((tmp_ / "run-a.log").string());
   ASSERT_EQ(b.Wait(90), 0) << e2e::ReadAll((tmp_ / "run-b.log").string());
   const std::string la = e2e::ReadAll((tmp_ / "run-a.log").string()), lb = e2e::ReadAll((tmp_ / "run-b.log").string());
