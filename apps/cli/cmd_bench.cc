@@ -391,7 +391,7 @@ int RunBench(const BenchCliOptions& o) {
                   PhaseUs(prefill_phases, ph));
     std::printf("peak RSS of the generation %.1f MB (budget %.1f MB: weights + KV cache + 64 MiB), probe hash %s\n",
                 static_cast<double>(peak_rss) / 1e6, static_cast<double>(rss_budget) / 1e6, hash);
-    std::printf("large pages under the weights and KV cache: %.1f MB of %.1f MB%s\n",
+    std::printf("large pages in this process: %.1f MB (weights and KV cache: %.1f MB)%s\n",
                 static_cast<double>(large_pages) / 1e6,
                 static_cast<double>(pipeline->WeightBytes() + pipeline->CacheBytes()) / 1e6,
                 large_pages == 0 ? " (none: transparent huge pages off or unavailable, decode reads 4 KiB pages)" : "");

@@ -1,5 +1,6 @@
 // Memory budgets: sizes as people write them, what the OS says is available, and the
-// process's peak resident set. Thread-safe (no state).
+// process's peak resident set (thread-safe, no state); and large-page memory for weights and
+// KV caches (thread-safe, one locked set of regions).
 #pragma once
 
 #include <cstddef>
@@ -37,8 +38,8 @@ bool ResetPeakRss();
 // GB/s). Blocks from 64 KiB up share 64 MiB regions (a model's matrices are mostly below
 // 2 MiB, too small for a large page of their own), taken in order and never reused; a
 // region is returned when its last block is freed, and a freed block's whole pages are given
-// back at once. Blocks above 32 MiB get a region of their own; smaller ones come from
-// operator new. Elsewhere than Linux, every block comes from operator new. 64-byte aligned;
+// back at once. Blocks above 32 MiB get a region of their own; blocks below 64 KiB come
+// from operator new. Elsewhere than Linux, every block comes from operator new. 64-byte aligned;
 // thread-safe; throws std::bad_alloc like operator new.
 void* AllocateLargePages(size_t bytes);
 void FreeLargePages(void* p, size_t bytes);

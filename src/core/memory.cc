@@ -5,10 +5,12 @@
 #include <sys/mman.h>
 #endif
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <new>
@@ -81,16 +83,26 @@ uint64_t AvailableMemoryBytes() {
   return 0;
 }
 
+namespace {
+// The "<key> N kB" line of a /proc file, in bytes; false where the file or the line is missing.
+bool ProcKib(const char* path, const char* key, uint64_t* bytes) {
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char line[256];
+  const size_t key_len = std::strlen(key);
+  bool found = false;
+  unsigned long long kib = 0;
+  while (!found && std::fgets(line, sizeof line, f))
+    found = std::strncmp(line, key, key_len) == 0 && std::sscanf(line + key_len, " %llu kB", &kib) == 1;
+  std::fclose(f);
+  if (found) *bytes = static_cast<uint64_t>(kib) * 1024;
+  return found;
+}
+}  // namespace
+
 uint64_t PeakRssBytes() {
-  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    unsigned long long kib = 0;
-    bool found = false;
-    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "VmHWM: %llu kB", &kib) == 1;
-    std::fclose(f);
-    if (found) return static_cast<uint64_t>(kib) * 1024;
-  }
-  return ProcessPeakRssBytes();
+  uint64_t bytes = 0;
+  return ProcKib("/proc/self/status", "VmHWM:", &bytes) ? bytes : ProcessPeakRssBytes();
 }
 
 uint64_t ProcessPeakRssBytes() {
@@ -106,10 +118,15 @@ bool ResetPeakRss() {
   return std::fclose(f) == 0 && ok;
 }
 
+// Large-page regions where the OS has the advice; operator new elsewhere.
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#define DAISY_LARGE_PAGE_REGIONS 1
+#endif
+
 namespace {
 
 constexpr size_t kAlign = 64;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if DAISY_LARGE_PAGE_REGIONS
 constexpr size_t kSmallBytes = size_t{64} << 10;   // below: operator new
 constexpr size_t kRegionBytes = size_t{64} << 20;  // shared regions
 constexpr size_t kLargePage = size_t{2} << 20;
@@ -126,11 +143,11 @@ struct Region {
   size_t live = 0;
 };
 
-// The regions, under a lock: blocks are a model's matrices (hundreds), not a hot path.
+// The regions, under a lock: blocks are a model's matrices (hundreds), not a hot path. A
+// region of its own is full from the start (used == size), so only shared regions have room.
 struct Regions {
   std::mutex mu;
   std::vector<Region> all;
-  Region* open = nullptr;  // the shared region new blocks come from
 
   // A kLargePage-aligned mapping of `size` bytes, advised for large pages before any touch.
   static char* Map(size_t size) {
@@ -152,55 +169,37 @@ struct Regions {
     const std::lock_guard<std::mutex> lock(mu);
     if (bytes > kRegionBytes / 2) {  // a region of its own
       const size_t size = RoundUp(bytes, kLargePage);
-      char* base = Map(size);
-      all.push_back(Region{base, size, size, 1});
-      open = nullptr;  // push_back may have moved the regions
-      Reopen();
-      return base;
+      all.push_back(Region{Map(size), size, size, 1});
+      return all.back().base;
     }
     const size_t need = RoundUp(bytes, kAlign);
-    if (!open || open->size - open->used < need) {
-      all.push_back(Region{Map(kRegionBytes), kRegionBytes, 0, 0});
-      open = &all.back();
-    }
-    char* p = open->base + open->used;
-    open->used += need;
-    ++open->live;
+    auto room = std::find_if(all.rbegin(), all.rend(), [need](const Region& r) { return r.size - r.used >= need; });
+    Region& r = room != all.rend() ? *room : all.emplace_back(Region{Map(kRegionBytes), kRegionBytes, 0, 0});
+    char* p = r.base + r.used;
+    r.used += need;
+    ++r.live;
     return p;
   }
 
   void Free(void* ptr, size_t bytes) {
     const std::lock_guard<std::mutex> lock(mu);
     char* p = static_cast<char*>(ptr);
-    for (size_t i = 0; i < all.size(); ++i) {
-      Region& r = all[i];
-      if (p < r.base || p >= r.base + r.size) continue;
-      if (--r.live == 0) {
-        munmap(r.base, r.size);
-        all.erase(all.begin() + static_cast<std::ptrdiff_t>(i));
-        open = nullptr;
-        Reopen();
-        return;
-      }
-      // The block's whole pages go back now: the region lives on for its other blocks.
-      const uintptr_t from = RoundUp(reinterpret_cast<uintptr_t>(p), kPage);
-      const uintptr_t to = (reinterpret_cast<uintptr_t>(p) + bytes) / kPage * kPage;
-      if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);  // NOLINT
+    const auto r =
+        std::find_if(all.begin(), all.end(), [p](const Region& g) { return p >= g.base && p < g.base + g.size; });
+    if (r == all.end()) {
+      // Not a block of these regions: a caller's bug that must not go on.
+      std::fprintf(stderr, "Bug: FreeLargePages of %zu bytes at %p, which no large-page region holds\n", bytes, ptr);
+      std::abort();
+    }
+    if (--r->live == 0) {
+      munmap(r->base, r->size);
+      all.erase(r);
       return;
     }
-    // Not a block of these regions: a caller's bug that must not go on.
-    std::fprintf(stderr, "Bug: FreeLargePages of %zu bytes at %p, which no large-page region holds\n", bytes, ptr);
-    std::abort();
-  }
-
-  // The shared region new blocks keep coming from, after the vector changed: the last one
-  // that is not a region of its own.
-  void Reopen() {
-    for (auto it = all.rbegin(); it != all.rend(); ++it)
-      if (it->size == kRegionBytes && it->used < it->size) {
-        open = &*it;
-        return;
-      }
+    // The block's whole pages go back now: the region lives on for its other blocks.
+    const uintptr_t from = RoundUp(reinterpret_cast<uintptr_t>(p), kPage);
+    const uintptr_t to = (reinterpret_cast<uintptr_t>(p) + bytes) / kPage * kPage;
+    if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);  // NOLINT
   }
 };
 
@@ -213,7 +212,7 @@ Regions& TheRegions() {
 }  // namespace
 
 void* AllocateLargePages(size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if DAISY_LARGE_PAGE_REGIONS
   if (bytes >= kSmallBytes) return TheRegions().Allocate(bytes);
 #endif
   return ::operator new (bytes == 0 ? 1 : bytes, std::align_val_t{kAlign});
@@ -221,7 +220,7 @@ void* AllocateLargePages(size_t bytes) {
 
 void FreeLargePages(void* p, size_t bytes) {
   if (!p) return;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if DAISY_LARGE_PAGE_REGIONS
   if (bytes >= kSmallBytes) {
     TheRegions().Free(p, bytes);
     return;
@@ -232,7 +231,7 @@ void FreeLargePages(void* p, size_t bytes) {
 
 LargePageStats GetLargePageStats() {
   LargePageStats s;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if DAISY_LARGE_PAGE_REGIONS
   Regions& r = TheRegions();
   const std::lock_guard<std::mutex> lock(r.mu);
   for (const Region& g : r.all) {
@@ -245,15 +244,8 @@ LargePageStats GetLargePageStats() {
 }
 
 uint64_t HugePageBytes() {
-  uint64_t total = 0;
-  if (std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r")) {
-    char line[256];
-    unsigned long long kib = 0;
-    while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "AnonHugePages: %llu kB", &kib) == 1) total += static_cast<uint64_t>(kib) * 1024;
-    std::fclose(f);
-  }
-  return total;
+  uint64_t bytes = 0;
+  return ProcKib("/proc/self/smaps_rollup", "AnonHugePages:", &bytes) ? bytes : 0;
 }
 
 }  // namespace daisy
