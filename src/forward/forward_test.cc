@@ -123,7 +123,7 @@ TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
   const int before = kernels::Threads();
   for (const ModelSpec& spec : {s, windowed, wide, deep, deep_wide}) {
     const HostTensors t = RandomTensors(spec, 21);
-    const std::vector<int32_t> ids = Prompt(spec, 300, 22);  // five query blocks of 64
+    const std::vector<int32_t> ids = Prompt(spec, 300, 22);  // ten query blocks of 32, the last partial
     kernels::SetThreads(3);
     LocalPipeline a = MustPipeline(spec, t, {spec.n_layers}, 512);
     const std::vector<float> pooled = AllLogits(a.head(), ids, 300);

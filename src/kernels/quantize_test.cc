@@ -333,6 +333,59 @@ TEST(RowOpsTest, AddScaleAndMulAreTheirFormulas) {
   }
 }
 
+// QuantizeRowTwoTerms is its definition in kernels.h, in every variant: QuantizeRow of x,
+// the residual r[d] = x[d] - float(q1[d]) * s1 in scalar code, QuantizeRow of r. The fused
+// passes (one pass for q1, r and r's amax) must not change a bit: rows of every length to
+// 300 and some of 4096, magnitudes from subnormal to huge, exact ties, all-zero rows, rows
+// whose residual is zero (every value on the grid), and a non-finite value in either place.
+TEST(RowOpsTest, QuantizeRowTwoTermsIsItsDefinition) {
+  uint64_t state = 11;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  for (const internal::RowOps& v : internal::RowOpsVariants()) {
+    if (!v.unsupported.empty()) continue;
+    for (int row = 0; row < 3000; ++row) {
+      const int k = row % 50 == 0 ? 4096 : 1 + row % 300;
+      const float unit = std::ldexp(1.0f, static_cast<int>(next() % 280) - 140);
+      std::vector<float> x(static_cast<size_t>(k));
+      for (float& f : x) {
+        switch (row % 7) {
+          case 0:  // on the grid of amax / 127: the residual is exactly zero
+            f = static_cast<float>(static_cast<int>(next() % 255) - 127) * 0x1p-3f;
+            break;
+          case 1:  // ties of the first step
+            f = (static_cast<float>(static_cast<int>(next() % 255) - 127) + 0.5f) * unit;
+            break;
+          case 2:
+            f = 0.0f;
+            break;
+          default:
+            f = unit * (static_cast<float>(next() % 2000001) - 1000000.0f) / 1000000.0f;
+        }
+      }
+      if (row % 7 == 1 || row % 7 == 0) x[0] = 127.0f * (row % 7 == 1 ? unit : 0x1p-3f);
+      if (row % 97 == 5) x[static_cast<size_t>(k) / 2] = std::numeric_limits<float>::infinity();
+      if (row % 97 == 6) x[static_cast<size_t>(k) - 1] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<int8_t> want1(x.size()), want2(x.size()), got1(x.size()), got2(x.size());
+      std::vector<float> r(x.size()), scratch(x.size());
+      float ws1 = -1, ws2 = -1, gs1 = -1, gs2 = -1;
+      bool want_ok = v.quantize_row(x.data(), k, want1.data(), &ws1);
+      if (want_ok) {
+        for (size_t d = 0; d < x.size(); ++d) r[d] = x[d] - static_cast<float>(want1[d]) * ws1;
+        want_ok = v.quantize_row(r.data(), k, want2.data(), &ws2);
+      }
+      const bool got_ok = v.quantize_two_terms(x.data(), k, got1.data(), &gs1, got2.data(), &gs2, scratch.data());
+      ASSERT_EQ(got_ok, want_ok) << v.name << " row " << row;
+      if (!want_ok) continue;
+      ASSERT_TRUE(got1 == want1 && got2 == want2) << v.name << " row " << row << " of " << k;
+      ASSERT_EQ(Bits(gs1), Bits(ws1)) << v.name << " row " << row;
+      ASSERT_EQ(Bits(gs2), Bits(ws2)) << v.name << " row " << row;
+    }
+  }
+}
+
 void MulLastOffByOneUlp(const float* a, const float* b, int n, float* out) {
   internal::RowOpsVariants()[0].mul(a, b, n, out);
   if (n > 60) out[n - 1] = std::nextafter(out[n - 1], 1e30f);
