@@ -135,9 +135,9 @@ bool Product(const float* x, int m, const kernels::QuantizedMatrix& w, float* y)
 // earlier row's own position are computed and then dropped: in a 520-token prefill 19% of
 // the attention products with blocks of 128 rows, 11% with 64, 6% with 32. With 32 a piece's
 // score, P' and output buffers also stay in L2 (the SmolLM shape's four score terms at 512
-// keys: 0.8 MB against 1.6 MB with 64): attention in a 512-token prefill measured 5-17%
-// faster than with 64 rows at 1 and 2 threads (SmolLM and Qwen shapes), 16 rows no better
-// than 32. The bits do not depend on it (docs/KERNELS.md, "Attention").
+// keys: 0.8 MB against 1.6 MB with 64): attention in a 512-token prefill took 4-17% less
+// than with 64 rows in 13 of 16 alternating pairs at 1 and 2 threads (SmolLM shape; the
+// others +1 to +6%), 3-9% less on the Qwen shape; 16 rows were no better than 32. The bits do not depend on it (docs/KERNELS.md, "Attention").
 constexpr int kQueryBlock = 32;
 
 thread_local AttentionMassStats* g_mass_stats = nullptr;
