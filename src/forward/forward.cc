@@ -137,7 +137,8 @@ bool Product(const float* x, int m, const kernels::QuantizedMatrix& w, float* y)
 // score, P' and output buffers also stay in L2 (the SmolLM shape's four score terms at 512
 // keys: 0.8 MB against 1.6 MB with 64): attention in a 512-token prefill took 4-17% less
 // than with 64 rows in 13 of 16 alternating pairs at 1 and 2 threads (SmolLM shape; the
-// others +1 to +6%), 3-9% less on the Qwen shape; 16 rows were no better than 32. The bits do not depend on it (docs/KERNELS.md, "Attention").
+// others +1 to +6%), 3-9% less on the Qwen shape; 16 rows were no better than 32. The bits
+// do not depend on it (docs/KERNELS.md, "Attention").
 constexpr int kQueryBlock = 32;
 
 thread_local AttentionMassStats* g_mass_stats = nullptr;
