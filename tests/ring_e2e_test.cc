@@ -491,9 +491,10 @@ TEST_F(RingTest, ASecondPromptWaitsForTheTurnInProgress) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_NE(e2e::ReadAll(log_a).find("all stages ready"), std::string::npos) << e2e::ReadAll(log_a);
   Proc b = spawn("head-b", "Lily and Ben", 30, "run-b.log", /*draft=*/true);
-  ASSERT_EQ(a.Wait(90), 0) << e2e::ReadAll((tmp_ / "run-a.log").string());
-  ASSERT_EQ(b.Wait(90), 0) << e2e::ReadAll((tmp_ / "run-b.log").string());
-  const std::string la = e2e::ReadAll((tmp_ / "run-a.log").string()), lb = e2e::ReadAll((tmp_ / "run-b.log").string());
+  const std::string log_b = (tmp_ / "run-b.log").string();
+  ASSERT_EQ(a.Wait(90), 0) << e2e::ReadAll(log_a);
+  ASSERT_EQ(b.Wait(90), 0) << e2e::ReadAll(log_b);
+  const std::string la = e2e::ReadAll(log_a), lb = e2e::ReadAll(log_b);
   EXPECT_EQ(nlohmann::json::parse(la.substr(la.rfind("\n{") + 1))["ids"].get<std::vector<int>>(), want_a);
   EXPECT_EQ(nlohmann::json::parse(lb.substr(lb.rfind("\n{") + 1))["ids"].get<std::vector<int>>(), want_b);
   EXPECT_NE(lb.find("waiting for the turn in progress"), std::string::npos) << lb;
