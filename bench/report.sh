@@ -38,6 +38,7 @@ mib = 1 << 20
 cells = [sys.argv[1], sys.argv[2],
          f"{med('decode_tokens_per_s'):.1f}", f"{med('decode_bandwidth_ratio'):.2f}",
          f"{med('read_bandwidth_gbps'):.1f}", f"{med('decode_bytes_per_token') / 1e6:.1f}",
+         f"{med('decode_products_share'):.2f}", f"{med('decode_products_ratio'):.2f}",
          f"{med('prefill64_tokens_per_s'):.0f}", f"{med('prefill512_tokens_per_s'):.0f}",
          f"{med('prefill_kernel_ratio'):.2f}", f"{med('gemm_gops'):.0f}",
          f"{med('prefill_model_gemm_ratio'):.2f}", f"{med('model_gemm_gops'):.0f}",
@@ -49,8 +50,8 @@ PY
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores;" \
      "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| model | threads | decode tok/s | bandwidth ratio | read GB/s | MB/token | prefill 64 tok/s | prefill 512 tok/s | kernel ratio | GEMM GOP/s | ratio to own products | own products GOP/s | peak RSS MiB | RSS budget MiB | backends (gemv/gemm/attention) | ring 2 stages ÷ 1 | lookahead gain |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| model | threads | decode tok/s | bandwidth ratio | read GB/s | MB/token | products' share of a layer | products ÷ ceiling | prefill 64 tok/s | prefill 512 tok/s | kernel ratio | GEMM GOP/s | ratio to own products | own products GOP/s | peak RSS MiB | RSS budget MiB | backends (gemv/gemm/attention) | ring 2 stages ÷ 1 | lookahead gain |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 # One RESULT line of ring_bench.sh / lookahead_bench.sh as "key=value" words.

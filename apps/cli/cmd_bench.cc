@@ -134,6 +134,35 @@ double PhaseUs(const LayerPhaseTimes& t, int phase) {
   return t.layer_runs > 0 ? 1e6 * t.seconds[static_cast<size_t>(phase)] / static_cast<double>(t.layer_runs) : 0.0;
 }
 
+// Where a decode step's layer time goes: the share of it in the four weight products and
+// the rate at which those products read their weights (bytes of the layers' matrices, per
+// layer, over the products' time), from the phase-timed decode turn. Against the ceiling it
+// splits the bandwidth ratio into the products' own speed and the rest of the layer (norms,
+// RoPE and cache writes, attention, activation, residual), which reads almost nothing.
+struct ProductsShare {
+  double share = 0;        // of a layer's decode time
+  double gbps = 0;         // weight bytes per second while in the products
+  double layer_bytes = 0;  // the four matrices of a layer, on average (int8 rows and scales)
+};
+ProductsShare DecodeProducts(const StageWeights& w, const LayerPhaseTimes& t) {
+  double all = 0, products = 0;
+  for (int ph = 0; ph < LayerPhaseTimes::kPhases; ++ph) all += PhaseUs(t, ph);
+  for (int ph : {LayerPhaseTimes::kQkv, LayerPhaseTimes::kOutput, LayerPhaseTimes::kGateUp, LayerPhaseTimes::kDown})
+    products += PhaseUs(t, ph);
+  double bytes = 0;
+  for (int l = w.first(); l < w.end(); ++l) {
+    const LayerWeights& lw = w.layer(l);
+    for (const kernels::QuantizedMatrix* m : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down})
+      bytes += static_cast<double>(m->Bytes());
+  }
+  bytes /= std::max(1, w.end() - w.first());
+  ProductsShare out;
+  out.layer_bytes = bytes;
+  if (all > 0) out.share = products / all;
+  if (products > 0) out.gbps = bytes / products * 1e-3;  // bytes per us -> GB/s
+  return out;
+}
+
 // One decode turn and the read bandwidth around it (the better of the measurements just
 // before and just after).
 struct DecodeRound {
@@ -288,6 +317,8 @@ int RunBench(const BenchCliOptions& o) {
   const double median_ceiling_tps = ceiling_at(bandwidth.median_gbps);
   const double median_ratio = share_of(decode_tps, bandwidth.median_gbps);
   const double kernel_ratio = gemm_gops > 0 ? prefill512_gops / gemm_gops : 0;
+  const ProductsShare decode_products = DecodeProducts(weights, decode_phases);
+  const double decode_products_ratio = read_gbps > 0 ? decode_products.gbps / read_gbps : 0;
   const double model_gemm_gops = ModelGemmGops(weights, prefill512_tokens, 2);
   const double model_kernel_ratio = model_gemm_gops > 0 ? prefill512_gops / model_gemm_gops : 0;
 
@@ -357,6 +388,10 @@ int RunBench(const BenchCliOptions& o) {
           {"seconds", seconds}, {"layer_runs", t.layer_runs}, {"rows", t.rows}, {"layer_us", us}};
     };
     j["decode_phases"] = phases_json(decode_phases, decode_phase_seconds);
+    j["decode_products_share"] = decode_products.share;
+    j["decode_products_gbps"] = decode_products.gbps;
+    j["decode_products_layer_bytes"] = decode_products.layer_bytes;
+    j["decode_products_ratio"] = decode_products_ratio;
     j["prefill512_phases"] = phases_json(prefill_phases, prefill_phase_seconds);
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -389,6 +424,10 @@ int RunBench(const BenchCliOptions& o) {
     for (int ph = 0; ph < LayerPhaseTimes::kPhases; ++ph)
       std::printf("    %-15s %10.1f %12.1f\n", LayerPhaseTimes::Name(ph), PhaseUs(decode_phases, ph),
                   PhaseUs(prefill_phases, ph));
+    std::printf(
+        "  decode: the weight products (q/k/v, output, gate/up, down) take %.0f%% of a layer's time and read "
+        "%.1f GB/s while they run, %.0f%% of the ceiling; the rest of the layer reads only the KV cache\n",
+        100 * decode_products.share, decode_products.gbps, 100 * decode_products_ratio);
     std::printf("peak RSS of the generation %.1f MB (budget %.1f MB: weights + KV cache + 64 MiB), probe hash %s\n",
                 static_cast<double>(peak_rss) / 1e6, static_cast<double>(rss_budget) / 1e6, hash);
     std::printf("large pages in this process: %.1f MB (weights and KV cache: %.1f MB)%s\n",

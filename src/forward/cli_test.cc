@@ -286,6 +286,24 @@ TEST_F(Cli, BenchReportsThroughput) {
     }
     EXPECT_LE(sum_us * static_cast<double>(runs), 1e6 * p["seconds"].get<double>() * (1 + 1e-9)) << p.dump();
   }
+  // The decode's weight products: their share of a layer's decode time and the rate they read
+  // their matrices at, from those phases, and that rate against the ceiling.
+  const auto& us = j["decode_phases"]["layer_us"];
+  double all_us = 0;
+  for (const auto& [phase, v] : us.items()) all_us += v.get<double>();
+  const double products_us =
+      us["qkv"].get<double>() + us["output"].get<double>() + us["gate_up"].get<double>() + us["down"].get<double>();
+  for (const char* k :
+       {"decode_products_share", "decode_products_gbps", "decode_products_ratio", "decode_products_layer_bytes"})
+    ASSERT_TRUE(j.contains(k) && j[k].is_number() && j[k].get<double>() > 0) << k << " missing from " << r.out;
+  EXPECT_NEAR(j["decode_products_share"].get<double>(), products_us / all_us, 1e-9);
+  const double layer_bytes = j["decode_products_layer_bytes"].get<double>();
+  EXPECT_LT(layer_bytes * layers, j["weight_bytes"].get<double>());  // the layers' matrices are part of the weights
+  EXPECT_NEAR(j["decode_products_gbps"].get<double>(), layer_bytes / products_us * 1e-3,
+              1e-9 * j["decode_products_gbps"].get<double>());
+  EXPECT_NEAR(j["decode_products_ratio"].get<double>(),
+              j["decode_products_gbps"].get<double>() / j["read_bandwidth_gbps"].get<double>(),
+              1e-9 * j["decode_products_ratio"].get<double>());
 }
 
 // Issue 11, item 10: `inspect` on a folder where a model file is a FIFO used to block in
