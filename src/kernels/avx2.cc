@@ -143,12 +143,73 @@ inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
   return v;
 }
 
+// One x row against the weight rows [j0, j1): the decode GEMV. RowByRow's stream (rows one
+// after the other, the prefetch kStreamAhead bytes ahead), eight rows at a time, their sums
+// reduced and their epilogue done in one vector: Epilogue's IEEE sequence lane by lane (s =
+// xs * ws; v = float(acc) * s; v + b). A function of its own, not inlined into MatMulQ: at 1
+// thread a core's stream is bounded by the loads it keeps in flight, and the instructions
+// between them (a tile's pointer set-up, spills, a scalar epilogue per row) take room in the
+// window (docs/KERNELS.md, "Decode GEMV").
+__attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixView& w, float* y, int j0, int j1) {
+  const int k = w.k;
+  const __m256 xsv = _mm256_set1_ps(xs);
+  int j = j0;
+  // Rows whose length is a multiple of 16 need no zero-padded tail copy.
+  for (; k % 16 == 0 && j + 8 <= j1; j += 8) {
+    __m256i d[8];
+    const int8_t* row = w.q + static_cast<size_t>(j) * w.ld;
+    for (int r = 0; r < 8; ++r, row += w.ld) {
+      __m256i a0 = _mm256_setzero_si256(), a1 = a0;  // two chains through vpmaddwd + add
+      // An address: it may lie past the matrix, and a prefetch never faults.
+      const uintptr_t ahead = reinterpret_cast<uintptr_t>(row) + kStreamAhead;
+      int t = 0;
+      for (; t + 64 <= k; t += 64) {
+        // NOLINTNEXTLINE(performance-no-int-to-ptr)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
+        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(row + t)));
+        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 16), Load16(row + t + 16)));
+        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t + 32), Load16(row + t + 32)));
+        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 48), Load16(row + t + 48)));
+      }
+      if (t < k) {
+        // NOLINTNEXTLINE(performance-no-int-to-ptr)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
+        for (; t < k; t += 16) a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(row + t)));
+      }
+      d[r] = _mm256_add_epi32(a0, a1);
+    }
+    // The eight horizontal sums in one vector (integer adds: any order is exact).
+    const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+    const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
+    const __m256i acc =
+        _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
+    const __m256 ws = w.scale ? _mm256_loadu_ps(w.scale + j) : _mm256_set1_ps(1.0f);
+    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(xsv, ws));
+    if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + j));
+    _mm256_storeu_ps(y + j, v);
+  }
+  // The last rows (all of them when k is not a multiple of 16): RowByRow, four at a time.
+  for (; j < j1; j += kNr) {
+    const int nr = j1 - j < kNr ? j1 - j : kNr;
+    // A short last group repeats its last row: valid memory, results discarded.
+    const int8_t* wr[kNr];
+    for (int r = 0; r < kNr; ++r) wr[r] = w.q + static_cast<size_t>(j + (r < nr ? r : nr - 1)) * w.ld;
+    int32_t acc[kNr];
+    RowByRow(xr, wr, k, acc);
+    for (int r = 0; r < nr; ++r) y[j + r] = Epilogue(acc[r], xs, w, j + r);
+  }
+}
+
 }  // namespace
 
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
              int col_begin, int col_end) {
   if (m <= 0 || col_begin >= col_end) return;
   const int k = w.k;
+  if (m == 1) {  // the decode GEMV
+    Gemv(xq, xscale[0], w, y, col_begin, col_end);
+    return;
+  }
   // Row panels of about 192 KiB of x stay in L2 while the panel's weight tiles stream by.
   const int mc = k > 0 ? RowPanelRows(k, kMr) : m;
   for (int i0 = 0; i0 < m; i0 += mc) {

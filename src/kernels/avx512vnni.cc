@@ -249,6 +249,64 @@ inline uint32_t RowCorrection(const int8_t* xr, int k) {
   return static_cast<uint32_t>(_mm512_reduce_add_epi32(acc)) << 7;
 }
 
+// One x row against the weight rows [j0, j1): the decode GEMV. The rows stream one after the
+// other (sequential, as the hardware prefetcher follows best), eight at a time, their sums
+// reduced and their epilogue done in one vector: Epilogue's IEEE sequence lane by lane (s =
+// xs * ws; v = float(acc) * s; v + b). The weights are the biased operand as in RowByRow,
+// with `corr` (RowCorrection) subtracted modulo 2^32. No software prefetch, and a function of
+// its own (not inlined into MatMulQ, whose packed paths crowd the registers): at 1 thread a
+// core's stream is bounded by the loads it keeps in flight, and every instruction between
+// them (a prefetch, a tile's pointer set-up, spills, a scalar epilogue per row) takes room
+// in the window. On the EPYC of the figures, SmolLM's 576-byte rows: 26.6-28.5 GB/s against
+// RowByRow's 18.5-20.0 and avx2's 24.9-25.4 (docs/KERNELS.md, "Decode GEMV").
+__attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixView& w, float* y, int j0, int j1) {
+  const int k = w.k;
+  const uint32_t corr = RowCorrection(xr, k);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  auto row_sum = [&](const int8_t* row) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0;  // two chains through vpdpbusd
+    int t = 0;
+    for (; t + 64 <= k; t += 64) {
+      const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + t)), flip);
+      const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + t + 32)), flip);
+      a0 = _mm256_dpbusd_epi32(a0, w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t)));
+      a1 = _mm256_dpbusd_epi32(a1, w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t + 32)));
+    }
+    for (; t < k; t += 32) {
+      // Masked lanes load 0 from both: they add (0 + 128) * 0.
+      const __mmask32 mask = k - t >= 32 ? ~0U : (~0U) >> (32 - (k - t));
+      a0 = _mm256_dpbusd_epi32(a0, _mm256_xor_si256(_mm256_maskz_loadu_epi8(mask, row + t), flip),
+                               _mm256_maskz_loadu_epi8(mask, xr + t));
+    }
+    return _mm256_add_epi32(a0, a1);
+  };
+  const __m256 xsv = _mm256_set1_ps(xs);
+  const __m256i corrv = _mm256_set1_epi32(static_cast<int32_t>(corr));
+  int j = j0;
+  for (; j + 8 <= j1; j += 8) {
+    __m256i d[8];
+    const int8_t* row = w.q + static_cast<size_t>(j) * w.ld;
+    for (int r = 0; r < 8; ++r, row += w.ld) d[r] = row_sum(row);
+    // The eight horizontal sums in one vector (integer adds: any order is exact), then
+    // - 128 * sum(x), wrapping.
+    const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+    const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
+    const __m256i acc = _mm256_sub_epi32(
+        _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31)), corrv);
+    const __m256 ws = w.scale ? _mm256_loadu_ps(w.scale + j) : _mm256_set1_ps(1.0f);
+    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(xsv, ws));
+    if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + j));
+    _mm256_storeu_ps(y + j, v);
+  }
+  for (; j < j1; ++j) {  // the last rows, one at a time
+    const __m256i d = row_sum(w.q + static_cast<size_t>(j) * w.ld);
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
+    const __m128i h4 = _mm_hadd_epi32(_mm_hadd_epi32(h, h), h);
+    const auto acc = static_cast<int32_t>(static_cast<uint32_t>(_mm_cvtsi128_si32(h4)) - corr);
+    y[j] = Epilogue(acc, xs, w, j);
+  }
+}
+
 // y[i][j] for the tile's rows (xr, `rows` of them valid; R = 8, or 4 when no more are left:
 // a decode step's group of query heads is 2 to 8 rows) and the 32 columns from j (only
 // those below j_end).
@@ -338,6 +396,10 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
              int col_begin, int col_end) {
   if (m <= 0 || col_begin >= col_end) return;
   const int k = w.k;
+  if (m == 1) {  // the decode GEMV
+    Gemv(xq, xscale[0], w, y, col_begin, col_end);
+    return;
+  }
   // Many x rows, or short rows against two or more: see PackedProduct.
   if (UsePacked(m, k)) {
     PackedProduct(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);

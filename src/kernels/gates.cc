@@ -25,7 +25,11 @@ namespace {
 // 5120, 2 or more x rows when k <= 64, else 8 or more): 8-row and 4-row tiles with partial
 // last tiles, a second row panel (530 rows of k = 8: panels of 512), two column tiles and a
 // tail after a start mid-tile, k tails inside a 64-byte block (36, 60, 100), nine full
-// blocks (576), the largest k with extreme values, strides and zero rows.
+// blocks (576), the largest k with extreme values, strides and zero rows. The last three reach
+// the one-row GEMV paths (Gemv in avx2.cc and avx512vnni.cc: blocks of 8 rows and a vector
+// epilogue, then the last rows one by one): blocks after a start mid-block with a tail, with
+// strides, nine full 64-byte blocks per row; a row of 80 (avx2's 16-byte tail, extremes, no
+// scale); and 8 + 1 rows at kMaxK with extreme values, where avx512vnni's biased sums wrap.
 constexpr GateShape kShapes[] = {
     {1, 1, 1, GateFill::kRandom, false, true, 0, 0},          {1, 3, 7, GateFill::kRandom, true, true, 0, 0},
     {1, 5, 15, GateFill::kRandom, false, false, 1, 0},        {2, 7, 16, GateFill::kRandom, true, true, 0, 0},
@@ -45,6 +49,8 @@ constexpr GateShape kShapes[] = {
     {10, 17, 60, GateFill::kZeroRows, true, true, 2, 0},      {3, 45, 64, GateFill::kRandom, true, true, 1, 3},
     {530, 70, 8, GateFill::kRandom, true, true, 1, 3},        {9, 75, 576, GateFill::kRandom, true, true, 2, 3},
     {12, 37, 100, GateFill::kExtremeMixed, true, true, 0, 0}, {8, 20, 5120, GateFill::kExtremeSame, false, true, 0, 0},
+    {1, 29, 576, GateFill::kRandom, true, true, 3, 5},        {1, 24, 80, GateFill::kExtremeMixed, true, false, 0, 0},
+    {1, 9, kMaxK, GateFill::kExtremeSame, false, true, 0, 0},
 };
 
 int8_t RandomQ(uint64_t& state) {

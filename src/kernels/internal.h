@@ -68,8 +68,9 @@ ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend>
 // passes, and the passes of every kind. Sorts each kind's times.
 ReadBandwidth SummarizeReadPasses(std::span<std::vector<double>> seconds_per_kind, double bytes);
 // Bumped whenever a unit's code, or the memory its products read, changes, so cached timings
-// of older units are not trusted (5: weights and KV caches in large-page memory).
-constexpr int kKernelVersion = 5;
+// of older units are not trusted (5: weights and KV caches in large-page memory; 6: the
+// decode GEMV in a one-row path of its own, eight rows at a time).
+constexpr int kKernelVersion = 6;
 // A stable description of this CPU (x86: vendor, family/model/stepping and brand string;
 // arm64: MIDR where readable): cached timings are valid only on the same model.
 std::string CpuModelKey();
