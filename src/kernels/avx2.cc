@@ -92,8 +92,8 @@ inline void Tile(const int8_t* const* xr, const int8_t* const* wr, int k, int32_
 }
 
 // One x row against kNr weight rows, one weight row after the other so the weights stream
-// in address order (the decode GEMV: memory-bound; sequential streams are what the hardware
-// prefetcher follows best).
+// in address order (sequential streams are what the hardware prefetcher follows best): the
+// last x row of a row panel whose rows do not fill a tile, and Gemv's last rows.
 inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, int32_t* out) {
   __m256i d[kNr];
   for (int r = 0; r < kNr; ++r) {

@@ -117,8 +117,9 @@ inline void RunTile(bool with_sums, const int8_t* const* xr, const int8_t* const
 }
 
 // One x row against kNr weight rows, taken one row after the other so the weights stream
-// in address order (the decode GEMV: memory-bound, and sequential streams are what the
-// hardware prefetcher follows best). Here the weights are the biased operand: vpdpbusd
+// in address order (sequential streams are what the hardware prefetcher follows best): the
+// last x row of a row panel whose rows do not fill a tile (a product of one x row goes
+// through Gemv, below). Here the weights are the biased operand: vpdpbusd
 // takes w ^ 0x80 = w + 128 as unsigned and x as signed, so sum_t (w_t + 128) x_t =
 // sum_t w_t x_t + 128 * sum_t x_t, and `corr` (RowCorrection of this x row, computed once
 // per product) is subtracted modulo 2^32: one vpdpbusd per 32 weight bytes and no second

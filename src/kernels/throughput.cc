@@ -69,11 +69,13 @@ double Seconds(F&& run) {
 namespace internal {
 
 ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend> backends) {
-  // gemv: decode's weight stream (48 MB of int8, more than the caches hold near a core);
-  // gemm: a prefill chunk's projection; attention: one decode step of a KV head (group of
-  // 8 query rows) against 512 cached keys, Q.K (k = head_dim 64) then P.V (k = the keys,
-  // V^T rows strided by a 4096-position context).
-  Case gemv(1, 53248, 896), gemm(64, 512, 896), qk(8, 512, 64), pv(8, 64, 512);
+  // gemv: decode's weight stream, 48 MB of int8 (more than the caches hold near a core) in
+  // two products, rows of 576 and of 896 bytes (SmolLM's and Qwen's hidden widths: a short
+  // row's reduction and epilogue weigh more, and the backends' one-row paths differ most
+  // there, 26-28 against 25-26 GB/s); gemm: a prefill chunk's projection; attention: one
+  // decode step of a KV head (group of 8 query rows) against 512 cached keys, Q.K (k =
+  // head_dim 64) then P.V (k = the keys, V^T rows strided by a 4096-position context).
+  Case gemv_short(1, 40960, 576), gemv(1, 26624, 896), gemm(64, 512, 896), qk(8, 512, 64), pv(8, 64, 512);
   LargePageBytes vt(static_cast<size_t>(64) * 4096);  // as a KV cache's
   FillQ(vt, 3);
   const QMatrixView pv_view{vt.data(), nullptr, nullptr, 64, 512, 4096};
@@ -89,7 +91,10 @@ ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend>
       auto whole = [fn](Case& c, const QMatrixView& v) {
         fn(c.x.data(), c.xs.data(), c.m, static_cast<size_t>(c.k), v, c.y.data(), static_cast<size_t>(c.n), 0, v.n);
       };
-      const double times[kProductShapes] = {Seconds([&] { whole(gemv, gemv.View()); }),
+      const double times[kProductShapes] = {Seconds([&] {
+                                              whole(gemv_short, gemv_short.View());
+                                              whole(gemv, gemv.View());
+                                            }),
                                             Seconds([&] { whole(gemm, gemm.View()); }), Seconds([&] {
                                               for (int rep = 0; rep < 8; ++rep) {
                                                 whole(qk, qk.View());
