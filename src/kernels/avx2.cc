@@ -91,45 +91,44 @@ inline void Tile(const int8_t* const* xr, const int8_t* const* wr, int k, int32_
     _mm_storeu_si128(reinterpret_cast<__m128i*>(acc_out[i]), Reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
 }
 
+// The sum of x times one weight row w over [0, k16) (k16 a multiple of 16) in eight int32
+// lanes, streaming w in address order with its prefetch kStreamAhead bytes on (an address:
+// it may lie past the matrix, and a prefetch never faults). Two chains through vpmaddwd + add.
+inline __m256i RowSum16(const int8_t* xr, const int8_t* w, int k16) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+  const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + kStreamAhead;
+  int t = 0;
+  for (; t + 64 <= k16; t += 64) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr)
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 16), Load16(w + t + 16)));
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t + 32), Load16(w + t + 32)));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 48), Load16(w + t + 48)));
+  }
+  if (t < k16) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr)
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
+    for (; t < k16; t += 16) a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
+  }
+  return _mm256_add_epi32(a0, a1);
+}
+
 // One x row against kNr weight rows, one weight row after the other so the weights stream
 // in address order (sequential streams are what the hardware prefetcher follows best): the
 // last x row of a row panel whose rows do not fill a tile, and Gemv's last rows.
 inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, int32_t* out) {
   __m256i d[kNr];
+  const int k16 = k & ~15;
   for (int r = 0; r < kNr; ++r) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0;  // two chains through vpmaddwd + add
-    const int8_t* w = wr[r];
-    // Where this row's stream will be kStreamAhead bytes on (an address: it may lie past the
-    // matrix, and a prefetch never faults).
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + kStreamAhead;
-    int t = 0;
-    for (; t + 64 <= k; t += 64) {
-      // NOLINTNEXTLINE(performance-no-int-to-ptr)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
-      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
-      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 16), Load16(w + t + 16)));
-      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t + 32), Load16(w + t + 32)));
-      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 48), Load16(w + t + 48)));
-    }
-    // NOLINTNEXTLINE(performance-no-int-to-ptr)
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
-    if (t + 32 <= k) {
-      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
-      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 16), Load16(w + t + 16)));
-      t += 32;
-    }
-    if (t + 16 <= k) {
-      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(w + t)));
-      t += 16;
-    }
-    if (t < k) {
+    d[r] = RowSum16(xr, wr[r], k16);
+    if (k16 < k) {
       // Tail: zero-padded copies so no load passes a row's end.
       alignas(16) int8_t xb[16] = {}, wb[16] = {};
-      std::memcpy(xb, xr + t, static_cast<size_t>(k - t));
-      std::memcpy(wb, w + t, static_cast<size_t>(k - t));
-      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xb), Load16(wb)));
+      std::memcpy(xb, xr + k16, static_cast<size_t>(k - k16));
+      std::memcpy(wb, wr[r] + k16, static_cast<size_t>(k - k16));
+      d[r] = _mm256_add_epi32(d[r], _mm256_madd_epi16(Load16(xb), Load16(wb)));
     }
-    d[r] = _mm256_add_epi32(a0, a1);
   }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), Reduce4(d[0], d[1], d[2], d[3]));
 }
@@ -143,7 +142,7 @@ inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
   return v;
 }
 
-// One x row against the weight rows [j0, j1): the decode GEMV. RowByRow's stream (rows one
+// One x row against the weight rows [j0, j1): the decode GEMV. RowSum16's stream (rows one
 // after the other, the prefetch kStreamAhead bytes ahead), eight rows at a time, their sums
 // reduced and their epilogue done in one vector: Epilogue's IEEE sequence lane by lane (s =
 // xs * ws; v = float(acc) * s; v + b). A function of its own, not inlined into MatMulQ: at 1
@@ -158,26 +157,7 @@ __attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixVie
   for (; k % 16 == 0 && j + 8 <= j1; j += 8) {
     __m256i d[8];
     const int8_t* row = w.q + static_cast<size_t>(j) * w.ld;
-    for (int r = 0; r < 8; ++r, row += w.ld) {
-      __m256i a0 = _mm256_setzero_si256(), a1 = a0;  // two chains through vpmaddwd + add
-      // An address: it may lie past the matrix, and a prefetch never faults.
-      const uintptr_t ahead = reinterpret_cast<uintptr_t>(row) + kStreamAhead;
-      int t = 0;
-      for (; t + 64 <= k; t += 64) {
-        // NOLINTNEXTLINE(performance-no-int-to-ptr)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
-        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(row + t)));
-        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 16), Load16(row + t + 16)));
-        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t + 32), Load16(row + t + 32)));
-        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(Load16(xr + t + 48), Load16(row + t + 48)));
-      }
-      if (t < k) {
-        // NOLINTNEXTLINE(performance-no-int-to-ptr)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
-        for (; t < k; t += 16) a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(Load16(xr + t), Load16(row + t)));
-      }
-      d[r] = _mm256_add_epi32(a0, a1);
-    }
+    for (int r = 0; r < 8; ++r, row += w.ld) d[r] = RowSum16(xr, row, k);
     // The eight horizontal sums in one vector (integer adds: any order is exact).
     const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
     const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
