@@ -148,7 +148,7 @@ inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
 // xs * ws; v = float(acc) * s; v + b). A function of its own, not inlined into MatMulQ: at 1
 // thread a core's stream is bounded by the loads it keeps in flight, and the instructions
 // between them (a tile's pointer set-up, spills, a scalar epilogue per row) take room in the
-// window (docs/KERNELS.md, "Decode GEMV").
+// window (docs/KERNELS.md, "Tiling").
 __attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixView& w, float* y, int j0, int j1) {
   const int k = w.k;
   const __m256 xsv = _mm256_set1_ps(xs);

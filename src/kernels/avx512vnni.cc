@@ -22,8 +22,6 @@ namespace daisy::kernels::avx512vnni {
 namespace {
 
 constexpr int kPrefetchTiles = 4;
-// How far ahead of its reads the decode GEMV prefetches its weight stream (see avx2.cc).
-constexpr uintptr_t kStreamAhead = 4096;
 
 // The four horizontal sums of a0..a3 as one vector (integer adds: any order is exact).
 inline __m128i Reduce4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
@@ -116,44 +114,39 @@ inline void RunTile(bool with_sums, const int8_t* const* xr, const int8_t* const
     Tile<MR, false>(xr, wr, k, acc, sums, next, ld);
 }
 
-// One x row against kNr weight rows, taken one row after the other so the weights stream
-// in address order (sequential streams are what the hardware prefetcher follows best): the
-// last x row of a row panel whose rows do not fill a tile (a product of one x row goes
-// through Gemv, below). Here the weights are the biased operand: vpdpbusd
-// takes w ^ 0x80 = w + 128 as unsigned and x as signed, so sum_t (w_t + 128) x_t =
-// sum_t w_t x_t + 128 * sum_t x_t, and `corr` (RowCorrection of this x row, computed once
-// per product) is subtracted modulo 2^32: one vpdpbusd per 32 weight bytes and no second
-// sum over the weights. 256-bit vectors (AVX-512 VL): on the AMD EPYC of docs/KERNELS.md
-// ("Figures") the 512-bit loop this replaced streamed 27-32 GB/s on one core, this one
-// 39-40, as much as a plain read. Returns the exact signed sums.
-inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, uint32_t corr, int32_t* out) {
+// sum_t (w_t + 128) x_t over one weight row w, wrapping, in eight int32 lanes: the weights
+// are the biased operand, vpdpbusd taking w ^ 0x80 = w + 128 as unsigned and x as signed, so
+// sum_t (w_t + 128) x_t = sum_t w_t x_t + 128 * sum_t x_t, and the caller subtracts
+// RowCorrection of this x row (computed once per product) modulo 2^32: one vpdpbusd per 32
+// weight bytes and no second sum over the weights. 256-bit vectors (AVX-512 VL): on the AMD
+// EPYC of docs/KERNELS.md ("Figures") the 512-bit loop this replaced streamed 27-32 GB/s on
+// one core, this one 39-40, as much as a plain read. No software prefetch: see Gemv.
+inline __m256i BiasedRowSum(const int8_t* xr, const int8_t* w, int k) {
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  __m256i d[kNr];
-  for (int r = 0; r < kNr; ++r) {
-    // Two accumulators halve the dependency chain through vpdpbusd.
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
-    const int8_t* w = wr[r];
-    // Where this row's stream will be kStreamAhead bytes on (an address: see avx2.cc).
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w) + kStreamAhead;
-    int t = 0;
-    for (; t + 64 <= k; t += 64) {
-      // NOLINTNEXTLINE(performance-no-int-to-ptr)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
-      const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t)), flip);
-      const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t + 32)), flip);
-      a0 = _mm256_dpbusd_epi32(a0, w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t)));
-      a1 = _mm256_dpbusd_epi32(a1, w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t + 32)));
-    }
-    for (; t < k; t += 32) {
-      // NOLINTNEXTLINE(performance-no-int-to-ptr)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + static_cast<uintptr_t>(t)), _MM_HINT_T0);
-      // Masked lanes load 0 from both: they add (0 + 128) * 0.
-      const __mmask32 mask = k - t >= 32 ? ~0U : (~0U) >> (32 - (k - t));
-      const __m256i w0 = _mm256_xor_si256(_mm256_maskz_loadu_epi8(mask, w + t), flip);
-      a0 = _mm256_dpbusd_epi32(a0, w0, _mm256_maskz_loadu_epi8(mask, xr + t));
-    }
-    d[r] = _mm256_add_epi32(a0, a1);
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0;  // two chains through vpdpbusd
+  int t = 0;
+  for (; t + 64 <= k; t += 64) {
+    const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t)), flip);
+    const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t + 32)), flip);
+    a0 = _mm256_dpbusd_epi32(a0, w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t)));
+    a1 = _mm256_dpbusd_epi32(a1, w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t + 32)));
   }
+  for (; t < k; t += 32) {
+    // Masked lanes load 0 from both: they add (0 + 128) * 0.
+    const __mmask32 mask = k - t >= 32 ? ~0U : (~0U) >> (32 - (k - t));
+    a0 = _mm256_dpbusd_epi32(a0, _mm256_xor_si256(_mm256_maskz_loadu_epi8(mask, w + t), flip),
+                             _mm256_maskz_loadu_epi8(mask, xr + t));
+  }
+  return _mm256_add_epi32(a0, a1);
+}
+
+// One x row against kNr weight rows, one row after the other so the weights stream in
+// address order: the last x row of a row panel whose rows do not fill a tile (a product of
+// one x row goes through Gemv, below). `corr` is RowCorrection of this x row. Returns the
+// exact signed sums.
+inline void RowByRow(const int8_t* xr, const int8_t* const* wr, int k, uint32_t corr, int32_t* out) {
+  __m256i d[kNr];
+  for (int r = 0; r < kNr; ++r) d[r] = BiasedRowSum(xr, wr[r], k);
   // The four horizontal sums (integer adds: any order is exact), then - 128 * sum(x).
   const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
   const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
@@ -189,7 +182,7 @@ constexpr int kPackPanelRows = 512;  // x rows whose 128 * sum(x) are kept at a 
 // Whether a product takes the packed path: short rows from 2 x rows on (the tiles' reduction
 // dominates at any m), longer rows from 8 (packing 32 columns, a 16 x 16 transpose per 64
 // bytes of k, is then small beside the rows that reuse them; kernels_bench at m = 16: 110
-// against the tiles' 170 us). One x row (decode) stays on RowByRow's weight stream.
+// against the tiles' 170 us). One x row (decode) takes Gemv's weight stream.
 inline bool UsePacked(int m, int k) {
   return k % 4 == 0 && k <= kPackMaxK && (k <= 64 ? m >= 2 : m >= 8);
 }
@@ -253,41 +246,24 @@ inline uint32_t RowCorrection(const int8_t* xr, int k) {
 // One x row against the weight rows [j0, j1): the decode GEMV. The rows stream one after the
 // other (sequential, as the hardware prefetcher follows best), eight at a time, their sums
 // reduced and their epilogue done in one vector: Epilogue's IEEE sequence lane by lane (s =
-// xs * ws; v = float(acc) * s; v + b). The weights are the biased operand as in RowByRow,
-// with `corr` (RowCorrection) subtracted modulo 2^32. No software prefetch, and a function of
+// xs * ws; v = float(acc) * s; v + b). Each row's sum is BiasedRowSum's, with `corr`
+// (RowCorrection) subtracted modulo 2^32. No software prefetch, and a function of
 // its own (not inlined into MatMulQ, whose packed paths crowd the registers): at 1 thread a
 // core's stream is bounded by the loads it keeps in flight, and every instruction between
 // them (a prefetch, a tile's pointer set-up, spills, a scalar epilogue per row) takes room
 // in the window. On the EPYC of the figures, SmolLM's 576-byte rows: 26.6-28.5 GB/s against
-// RowByRow's 18.5-20.0 and avx2's 24.9-25.4 (docs/KERNELS.md, "Decode GEMV").
+// the old path's 18.5-20.0 (RowByRow, prefetching, inside MatMulQ) and avx2's 24.9-25.4
+// (docs/KERNELS.md, "Tiling").
 __attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixView& w, float* y, int j0, int j1) {
   const int k = w.k;
   const uint32_t corr = RowCorrection(xr, k);
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  auto row_sum = [&](const int8_t* row) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0;  // two chains through vpdpbusd
-    int t = 0;
-    for (; t + 64 <= k; t += 64) {
-      const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + t)), flip);
-      const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + t + 32)), flip);
-      a0 = _mm256_dpbusd_epi32(a0, w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t)));
-      a1 = _mm256_dpbusd_epi32(a1, w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t + 32)));
-    }
-    for (; t < k; t += 32) {
-      // Masked lanes load 0 from both: they add (0 + 128) * 0.
-      const __mmask32 mask = k - t >= 32 ? ~0U : (~0U) >> (32 - (k - t));
-      a0 = _mm256_dpbusd_epi32(a0, _mm256_xor_si256(_mm256_maskz_loadu_epi8(mask, row + t), flip),
-                               _mm256_maskz_loadu_epi8(mask, xr + t));
-    }
-    return _mm256_add_epi32(a0, a1);
-  };
   const __m256 xsv = _mm256_set1_ps(xs);
   const __m256i corrv = _mm256_set1_epi32(static_cast<int32_t>(corr));
   int j = j0;
   for (; j + 8 <= j1; j += 8) {
     __m256i d[8];
     const int8_t* row = w.q + static_cast<size_t>(j) * w.ld;
-    for (int r = 0; r < 8; ++r, row += w.ld) d[r] = row_sum(row);
+    for (int r = 0; r < 8; ++r, row += w.ld) d[r] = BiasedRowSum(xr, row, k);
     // The eight horizontal sums in one vector (integer adds: any order is exact), then
     // - 128 * sum(x), wrapping.
     const __m256i t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
@@ -300,7 +276,7 @@ __attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixVie
     _mm256_storeu_ps(y + j, v);
   }
   for (; j < j1; ++j) {  // the last rows, one at a time
-    const __m256i d = row_sum(w.q + static_cast<size_t>(j) * w.ld);
+    const __m256i d = BiasedRowSum(xr, w.q + static_cast<size_t>(j) * w.ld, k);
     const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
     const __m128i h4 = _mm_hadd_epi32(_mm_hadd_epi32(h, h), h);
     const auto acc = static_cast<int32_t>(static_cast<uint32_t>(_mm_cvtsi128_si32(h4)) - corr);
