@@ -42,8 +42,7 @@ struct BenchCliOptions {
 };
 
 // Bytes a decode step reads: every layer's resident weights, the final norm and LM head, one
-// embedding row, and the KV cache up to `position` (k, its residual and v: one int8 each per
-// head_dim, plus three f32 scales, per kv head and position).
+// embedding row, and the KV cache up to `position`.
 double DecodeBytesPerToken(const StageWeights& w, double position) {
   const ModelSpec& s = w.spec();
   double b = 0;
@@ -51,7 +50,12 @@ double DecodeBytesPerToken(const StageWeights& w, double position) {
   const HeadWeights& h = w.head();
   b += static_cast<double>(h.lm_head.Bytes()) + 4.0 * static_cast<double>(h.final_norm.size());
   b += static_cast<double>(h.embed.Bytes()) / std::max(1, s.vocab);
-  b += static_cast<double>(w.end() - w.first()) * s.n_kv_heads * position * (3.0 * s.head_dim + 12.0);
+  // The KV cache read per position and kv head: two key terms, one value term (two in a narrow
+  // model) of head_dim rounded up to whole tiles of 16, and their f32 scales (forward.h KvCache).
+  const double v_terms = NarrowModel(s) ? 2.0 : 1.0;
+  const int value_row = (s.head_dim + 15) / 16 * 16;
+  b += static_cast<double>(w.end() - w.first()) * s.n_kv_heads * position *
+       (2.0 * s.head_dim + v_terms * static_cast<double>(value_row) + 4.0 * (2.0 + v_terms));
   return b;
 }
 

@@ -162,9 +162,11 @@ std::vector<float> RopeInverseFrequencies(const ModelSpec& spec);
 // The attention cache of layers [first, end) for up to ctx positions of one sequence.
 // Keys and values are stored as they enter the cache, per (position, kv head): a key as
 // two int8 terms k ~= k_scale * k + k_res_scale * k_res (the second quantizes what the
-// first leaves over), a value as one int8 row with its scale, transposed per head so P.V
-// is an int8 product (docs/KERNELS.md, "Attention and the KV cache"). Not thread-safe;
-// move-only (Copy() is the explicit, expensive copy).
+// first leaves over), a value as one int8 row with its scale. Both are interleaved for the
+// broadcast products of attention (kernels.h QMatrixView): keys as the rows of Q.K^T, in
+// tiles of 16 positions; values as the rows of P.V, one per head dimension, in groups of 4
+// positions (docs/KERNELS.md, "Attention and the KV cache"). Not thread-safe; move-only
+// (Copy() is the explicit, expensive copy).
 class KvCache {
  public:
   KvCache(const ModelSpec& spec, int first, int end, int ctx);
@@ -175,6 +177,28 @@ class KvCache {
   KvCache Copy() const;
 
   int ctx() const { return ctx_; }
+  // Positions held per kv head: ctx rounded up to whole tiles of keys, so that a product
+  // over whole tiles, or over keys rounded out to groups of 4, stays inside the buffers.
+  int slots() const { return slots_; }
+  // Where dimension d of kv head g at position p lies in Layer::k and k_res (keys) and in
+  // Layer::v and v_res (values); a scale of (g, p) is at g * slots() + p.
+  size_t KeyAt(int g, int p, int d) const {
+    return static_cast<size_t>(g) * static_cast<size_t>(slots_) * static_cast<size_t>(head_dim_) +
+           static_cast<size_t>(p / kernels::kInterleavedRows) * KeyTileStride() + static_cast<size_t>(d / 4) * 64 +
+           static_cast<size_t>(p % kernels::kInterleavedRows) * 4 + static_cast<size_t>(d % 4);
+  }
+  size_t ValueAt(int g, int p, int d) const {
+    return static_cast<size_t>(g) * static_cast<size_t>(slots_ / 4) * ValueGroupStride() +
+           static_cast<size_t>(p / 4) * ValueGroupStride() + static_cast<size_t>(d / kernels::kInterleavedRows) * 64 +
+           static_cast<size_t>(d % kernels::kInterleavedRows) * 4 + static_cast<size_t>(p % 4);
+  }
+  // The interleaved layouts' strides (QMatrixView): keys' tiles of 16 positions are
+  // head_dim / 4 groups of 64 bytes; values' tiles of 16 dimensions are 64 bytes apart and
+  // their groups of 4 positions ValueGroupStride() apart.
+  size_t KeyTileStride() const { return static_cast<size_t>(head_dim_) * kernels::kInterleavedRows; }
+  size_t ValueGroupStride() const {
+    return static_cast<size_t>((head_dim_ + kernels::kInterleavedRows - 1) / kernels::kInterleavedRows) * 64;
+  }
   int first() const { return first_; }
   int end() const { return end_; }
   // Positions [0, length()) are filled for every layer.
@@ -183,19 +207,18 @@ class KvCache {
   void Truncate(int n);
   size_t Bytes() const;
 
-  // The int8 rows in large-page memory (memory.h): attention reads them every step, and
-  // V^T's columns, written one a step, lie a context apart.
+  // The int8 terms in large-page memory (memory.h): attention reads them every step.
   struct Layer {
-    LargePageBytes k;                // (n_kv_heads, ctx, head_dim): QuantizeRow(key)
-    std::vector<float> k_scale;      // (n_kv_heads, ctx)
-    LargePageBytes k_res;            // (n_kv_heads, ctx, head_dim): QuantizeRow(key - k_scale * k)
-    std::vector<float> k_res_scale;  // (n_kv_heads, ctx)
-    LargePageBytes vt;               // (n_kv_heads, head_dim, ctx): V transposed per head
-    std::vector<float> v_scale;      // (n_kv_heads, ctx)
-    // A narrow model's (model.h NarrowModel) second term of each value row, laid out as vt;
+    LargePageBytes k;                // keys at KeyAt: QuantizeRow(key)
+    std::vector<float> k_scale;      // (n_kv_heads, slots)
+    LargePageBytes k_res;            // keys at KeyAt: QuantizeRow(key - k_scale * k)
+    std::vector<float> k_res_scale;  // (n_kv_heads, slots)
+    LargePageBytes v;                // values at ValueAt
+    std::vector<float> v_scale;      // (n_kv_heads, slots)
+    // A narrow model's (model.h NarrowModel) second term of each value row, laid out as v;
     // empty otherwise.
-    LargePageBytes vt_res;           // (n_kv_heads, head_dim, ctx)
-    std::vector<float> v_res_scale;  // (n_kv_heads, ctx)
+    LargePageBytes v_res;            // values at ValueAt
+    std::vector<float> v_res_scale;  // (n_kv_heads, slots)
   };
   // Layer l, first() <= l < end(). For the forward pass.
   Layer& layer(int l);
@@ -207,6 +230,8 @@ class KvCache {
   int first_ = 0;
   int end_ = 0;
   int ctx_ = 0;
+  int slots_ = 0;
+  int head_dim_ = 0;
   int length_ = 0;
   std::vector<Layer> layers_;
 };

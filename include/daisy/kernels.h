@@ -34,15 +34,37 @@ std::string_view BackendName(Backend backend);
 // A non-finite input is reported by returning false (q and scale are then unspecified).
 bool QuantizeRow(const float* x, int k, int8_t* q, float* scale);
 
-// A read-only view of an int8 matrix of n rows (output channels) by k columns, row r at
-// q + r * ld, with an optional per-row scale (nullptr means 1.0f) and optional bias.
+// Rows per tile of the interleaved layout below.
+inline constexpr int kInterleavedRows = 16;
+
+// A read-only view of an int8 matrix of n rows (output channels) by k columns, with an
+// optional per-row scale (nullptr means 1.0f) and optional bias. Two layouts, the same
+// products (same bits):
+// - row-major (tile_stride == 0): row r at q + r * ld;
+// - interleaved (tile_stride > 0), the layout a broadcast product reads without repacking
+//   (the KV cache's keys and values, docs/KERNELS.md "Attention and the KV cache"): rows in
+//   tiles of kInterleavedRows, k in groups of 4. Group g of tile T is 64 bytes at
+//   q + T * tile_stride + g * group_stride, holding bytes 4g .. 4g + 3 of the tile's row c at
+//   offset 4c. View row r is layout row first_row + r (first_row < kInterleavedRows: a view
+//   may start inside its first tile). k is a multiple of 4; a product may read every byte
+//   of each tile's groups that holds one of its rows.
 struct QMatrixView {
   const int8_t* q = nullptr;
   const float* scale = nullptr;
   const float* bias = nullptr;
   int n = 0;
   int k = 0;
-  size_t ld = 0;  // elements between rows; >= k
+  size_t ld = 0;            // elements between rows; >= k (row-major)
+  size_t tile_stride = 0;   // interleaved: bytes from tile T to T + 1; 0: row-major
+  size_t group_stride = 0;  // interleaved: bytes from group g to g + 1 of a tile
+  int first_row = 0;        // interleaved: layout row of view row 0
+  bool interleaved() const { return tile_stride != 0; }
+  // Interleaved: the byte of (view row r, column t).
+  const int8_t* At(int r, int t) const {
+    const int row = first_row + r;
+    return q + static_cast<size_t>(row / kInterleavedRows) * tile_stride + static_cast<size_t>(t / 4) * group_stride +
+           static_cast<size_t>(row % kInterleavedRows) * 4 + static_cast<size_t>(t % 4);
+  }
 };
 
 // Resident weights: quantized once at load, about 1 byte per parameter.

@@ -194,8 +194,8 @@ void RecordMass(const float* p, const float* vscale, int n, std::span<const int8
 struct AttentionArgs {
   const ModelSpec* spec;
   const LayerWeights* lw;
+  const KvCache* kv;
   const KvCache::Layer* cache;
-  int ctx;
   const std::vector<int32_t>* positions;
   const float* q;
   size_t q_stride;
@@ -203,7 +203,9 @@ struct AttentionArgs {
 };
 
 // One piece of a layer's attention: KV head g (and its group of query heads) for the query
-// rows [b0, b0 + bn), over the keys [k0, k0 + nk) the last of those rows sees. A narrow model
+// rows [b0, b0 + bn), over the keys [k0, k0 + nk) the last of those rows sees, rounded out
+// to whole groups of 4 (P.V reduces over the keys in the values' groups of 4; the keys a row
+// does not see get 0 in P', so they add nothing: docs/KERNELS.md). A narrow model
 // (model.h NarrowModel) takes each query row and each value row as two int8 terms: the
 // query's terms are stacked as more rows of the same products; each value term has its own
 // P' (the probabilities times that term's scales), so its own products.
@@ -228,10 +230,10 @@ Piece MakePiece(const AttentionArgs& a, int g, int b0) {
   pc.rows = pc.bn * pc.group;
   pc.hd = spec.head_dim;
   pc.window = a.lw->sliding_window ? spec.sliding_window : 0;
-  pc.k0 = pc.FirstKey(positions[static_cast<size_t>(b0)]);
-  pc.nk = positions[static_cast<size_t>(b0 + pc.bn - 1)] + 1 - pc.k0;
+  pc.k0 = pc.FirstKey(positions[static_cast<size_t>(b0)]) / 4 * 4;
+  pc.nk = (positions[static_cast<size_t>(b0 + pc.bn - 1)] + 1 - pc.k0 + 3) / 4 * 4;
   pc.q_terms = NarrowModel(spec) ? 2 : 1;
-  pc.v_terms = a.cache->vt_res.empty() ? 1 : 2;
+  pc.v_terms = a.cache->v_res.empty() ? 1 : 2;
   pc.rows_nk = static_cast<size_t>(pc.rows) * static_cast<size_t>(pc.nk);
   pc.rows_hd = static_cast<size_t>(pc.rows) * static_cast<size_t>(pc.hd);
   return pc;
@@ -300,13 +302,27 @@ Status QuantizeQueries(const AttentionArgs& a, const Piece& pc, int8_t* qq, floa
 void KeyScores(const AttentionArgs& a, const Piece& pc, const int8_t* qq, const float* qs, int t0, int t1,
                float* scores, float* scores_res) {
   const KvCache::Layer& cache = *a.cache;
+  const KvCache& kv = *a.kv;
   const int hd = pc.hd;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const size_t kbase = static_cast<size_t>(pc.g) * static_cast<size_t>(a.ctx) + static_cast<size_t>(pc.k0 + t0);
-  const QMatrixView kview{cache.k.data() + kbase * hd, cache.k_scale.data() + kbase, nullptr, t1 - t0, hd,
-                          static_cast<size_t>(hd)};
-  const QMatrixView kres_view{cache.k_res.data() + kbase * hd, cache.k_res_scale.data() + kbase, nullptr, t1 - t0, hd,
-                              static_cast<size_t>(hd)};
+  // The keys [k0 + t0, k0 + t1) as the rows of an interleaved view (KvCache::KeyAt), from
+  // inside their first tile of 16.
+  const int p0 = pc.k0 + t0;
+  const size_t tile = kv.KeyAt(pc.g, p0 - p0 % kernels::kInterleavedRows, 0);
+  const size_t sbase = static_cast<size_t>(pc.g) * static_cast<size_t>(kv.slots()) + static_cast<size_t>(p0);
+  auto view = [&](const LargePageBytes& terms, const std::vector<float>& scales) {
+    return QMatrixView{terms.data() + tile,
+                       scales.data() + sbase,
+                       nullptr,
+                       t1 - t0,
+                       hd,
+                       static_cast<size_t>(hd),
+                       kv.KeyTileStride(),
+                       64,
+                       p0 % kernels::kInterleavedRows};
+  };
+  const QMatrixView kview = view(cache.k, cache.k_scale);
+  const QMatrixView kres_view = view(cache.k_res, cache.k_res_scale);
   const auto ldy = static_cast<size_t>(pc.nk);
   kernels::MatMulQ(qq, qs, pc.q_terms * pc.rows, static_cast<size_t>(hd), kview, scores + t0, ldy,
                    kernels::ProductShape::kAttention);
@@ -335,7 +351,7 @@ void KeyScores(const AttentionArgs& a, const Piece& pc, const int8_t* qq, const 
 // then V's scales folded into p, and P' as two int8 terms per value term.
 Status Probabilities(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, StepScratch& sc) {
   const KvCache::Layer& cache = *a.cache;
-  const size_t kbase = static_cast<size_t>(pc.g) * static_cast<size_t>(a.ctx) + static_cast<size_t>(pc.k0);
+  const size_t kbase = static_cast<size_t>(pc.g) * static_cast<size_t>(a.kv->slots()) + static_cast<size_t>(pc.k0);
   const float* vscale[2] = {cache.v_scale.data() + kbase, pc.v_terms == 2 ? cache.v_res_scale.data() + kbase : nullptr};
   auto row_keys = [&](int r, int* first, int* e) {
     const int p = (*a.positions)[static_cast<size_t>(pc.b0) + static_cast<size_t>(r / pc.group)];
@@ -386,25 +402,29 @@ Status Probabilities(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, S
   return Status::Ok();
 }
 
-// out = P' . V per value term for the head dimensions [d0, d1) (V^T (head_dim, ctx) per kv
-// head is the weight, k = the keys; both P' terms' rows in one product), then into att:
+// out = P' . V per value term for the head dimensions [d0, d1) (the values of the keys
+// [k0, k0 + nk) as the rows of an interleaved view, a row per head dimension, k = the keys:
+// KvCache::ValueAt; both P' terms' rows in one product), then into att:
 // (first P' term's product) + (second's), one f32 add in this order; with two value terms,
 // (that for the first value term) + (that for the second). Each dimension is its own column
 // of the products and each row its own row, so any split of [0, head_dim) and any stacking
 // of rows gives the same bits.
 void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0, int d1) {
   const KvCache::Layer& cache = *a.cache;
+  const KvCache& kv = *a.kv;
   const int hd = pc.hd;
+  // k0 is a multiple of 4 (MakePiece): the view starts at a group.
+  const size_t at = kv.ValueAt(pc.g, pc.k0, d0 - d0 % kernels::kInterleavedRows);
   for (int j = 0; j < pc.v_terms; ++j) {
-    const int8_t* vt = (j == 0 ? cache.vt : cache.vt_res).data();
-    const QMatrixView vview{
-        vt + (static_cast<size_t>(pc.g) * hd + static_cast<size_t>(d0)) * static_cast<size_t>(a.ctx) +
-            static_cast<size_t>(pc.k0),
-        nullptr,
-        nullptr,
-        d1 - d0,
-        pc.nk,
-        static_cast<size_t>(a.ctx)};
+    const QMatrixView vview{(j == 0 ? cache.v : cache.v_res).data() + at,
+                            nullptr,
+                            nullptr,
+                            d1 - d0,
+                            pc.nk,
+                            static_cast<size_t>(pc.nk),
+                            64,
+                            kv.ValueGroupStride(),
+                            d0 % kernels::kInterleavedRows};
     const size_t row = pc.PRow(j, 0);  // both P' terms: 2 * rows rows from here
     kernels::MatMulQ(&b.pq[row * static_cast<size_t>(pc.nk)], &b.ps[row], 2 * pc.rows, static_cast<size_t>(pc.nk),
                      vview, &b.out[row * static_cast<size_t>(hd) + static_cast<size_t>(d0)], static_cast<size_t>(hd),
@@ -575,12 +595,12 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
 // pool (softmax and P's quantization took half of a serial prefill); each piece's products
 // then run on its own thread. A decode step past a short context splits its heads' work
 // across the pool (AttendDecodeSplit). Same bits either way.
-Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache::Layer& cache, int ctx,
+Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache& kv, const KvCache::Layer& cache,
                  const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att) {
   const int n = static_cast<int>(positions.size());
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int tasks = blocks * spec.n_kv_heads;
-  const AttentionArgs args{&spec, &lw, &cache, ctx, &positions, q, q_stride, att};
+  const AttentionArgs args{&spec, &lw, &kv, &cache, &positions, q, q_stride, att};
   const int threads = kernels::Threads();
   // Mass statistics are per thread, so a measured run stays on the caller.
   const bool pool = threads > 1 && g_mass_stats == nullptr;
@@ -664,7 +684,7 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   const LayerWeights& lw = w.layer(l);
   KvCache::Layer& cache = kv.layer(l);
   const int n = h.n_tokens();
-  const int dim = s.hidden, hd = s.head_dim, half = hd / 2, ctx = kv.ctx();
+  const int dim = s.hidden, hd = s.head_dim, half = hd / 2;
   const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim;
   const int ffn = s.intermediate;
   const auto& pos = h.positions;
@@ -706,26 +726,28 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   clock.Mark(LayerPhaseTimes::kQkv);
   // RoPE on q and k, then k and v enter the cache, per (position, kv head): k as two int8
   // terms (the second quantizes the first's residual, computed in f32 element by element), v
-  // as one (two in a narrow model), transposed. Rows run in blocks that end on multiples of
-  // kVBlock positions: a block's v rows are quantized into scratch, then written as one run
-  // of positions per (kv head, dimension), so one cache line of the transposed v is written
-  // by one thread, once (row by row, every row wrote a byte to head_dim * kv_heads lines
-  // ctx bytes apart, which also share one L1 set). Blocks write disjoint cache slots.
-  const bool v_two_terms = !cache.vt_res.empty();
-  constexpr int kVBlock = 64;
+  // as one (two in a narrow model), each quantized into scratch and then scattered into the
+  // cache's interleaved layouts (KvCache::KeyAt, ValueAt). Rows run in blocks that end on
+  // multiples of kCacheBlock positions, whole tiles of keys and groups of values, so the
+  // lines a block writes are its own: blocks on different threads never share one.
+  const bool v_two_terms = !cache.v_res.empty();
+  constexpr int kCacheBlock = 64;
+  static_assert(kCacheBlock % kernels::kInterleavedRows == 0, "a block holds whole tiles of keys");
   const int p0 = pos[0];
-  const int first_block_rows = std::min(n, kVBlock - p0 % kVBlock);
-  const int blocks = 1 + (n - first_block_rows + kVBlock - 1) / kVBlock;
+  const int first_block_rows = std::min(n, kCacheBlock - p0 % kCacheBlock);
+  const int blocks = 1 + (n - first_block_rows + kCacheBlock - 1) / kCacheBlock;
   auto rope_and_cache = [&](int b) -> Status {
-    const int i0 = b == 0 ? 0 : first_block_rows + (b - 1) * kVBlock;
-    const int i1 = b == 0 ? first_block_rows : std::min(n, i0 + kVBlock);
-    const int rows = i1 - i0;
+    const int i0 = b == 0 ? 0 : first_block_rows + (b - 1) * kCacheBlock;
+    const int i1 = b == 0 ? first_block_rows : std::min(n, i0 + kCacheBlock);
     // Scratch per thread (blocks may run on any of the pool's threads).
-    thread_local std::vector<int8_t> vq, vq_res;
+    thread_local std::vector<int8_t> terms;  // k, k_res, v, v_res of one (position, kv head)
     thread_local std::vector<float> kr;
-    vq.resize(static_cast<size_t>(kv_dim) * kVBlock);
-    vq_res.resize(static_cast<size_t>(kv_dim) * kVBlock);
+    terms.resize(4 * static_cast<size_t>(hd));
     kr.resize(static_cast<size_t>(hd));
+    int8_t* const k1 = terms.data();
+    int8_t* const k2 = k1 + hd;
+    int8_t* const v1 = k2 + hd;
+    int8_t* const v2 = v1 + hd;
     for (int i = i0; i < i1; ++i) {
       float* row = qkv_rows + static_cast<size_t>(i) * qkv_dim;
       if (!s.learned_positions) {
@@ -737,28 +759,25 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
       const float* krow = row + q_dim;
       const float* vrow = krow + kv_dim;
       for (int g = 0; g < s.n_kv_heads; ++g) {
-        const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
-        const float* key = krow + g * hd;
-        if (!kernels::QuantizeRowTwoTerms(key, hd, &cache.k[slot * hd], &cache.k_scale[slot], &cache.k_res[slot * hd],
-                                          &cache.k_res_scale[slot], kr.data()))
+        const size_t slot = static_cast<size_t>(g) * static_cast<size_t>(kv.slots()) + static_cast<size_t>(p);
+        if (!kernels::QuantizeRowTwoTerms(krow + g * hd, hd, k1, &cache.k_scale[slot], k2, &cache.k_res_scale[slot],
+                                          kr.data()))
           return DataLoss(At(l, p) + ": non-finite key; refused");
-        // this row's v, at row (i - i0) of the block: (i - i0) * kv_dim + g * hd
-        int8_t* vb = &vq[static_cast<size_t>(i - i0) * kv_dim + static_cast<size_t>(g) * hd];
-        int8_t* vb_res = &vq_res[static_cast<size_t>(i - i0) * kv_dim + static_cast<size_t>(g) * hd];
-        const bool v_ok = v_two_terms ? kernels::QuantizeRowTwoTerms(vrow + g * hd, hd, vb, &cache.v_scale[slot],
-                                                                     vb_res, &cache.v_res_scale[slot], kr.data())
-                                      : kernels::QuantizeRow(vrow + g * hd, hd, vb, &cache.v_scale[slot]);
+        const bool v_ok = v_two_terms ? kernels::QuantizeRowTwoTerms(vrow + g * hd, hd, v1, &cache.v_scale[slot], v2,
+                                                                     &cache.v_res_scale[slot], kr.data())
+                                      : kernels::QuantizeRow(vrow + g * hd, hd, v1, &cache.v_scale[slot]);
         if (!v_ok) return DataLoss(At(l, p) + ": non-finite value; refused");
-      }
-    }
-    // v transposed: cache.vt[(g * hd + d) * ctx + p] for the block's positions, a run each
-    const int pb = pos[static_cast<size_t>(i0)];
-    for (int c = 0; c < kv_dim; ++c) {
-      int8_t* dst = &cache.vt[static_cast<size_t>(c) * ctx + static_cast<size_t>(pb)];
-      for (int r = 0; r < rows; ++r) dst[r] = vq[static_cast<size_t>(r) * kv_dim + static_cast<size_t>(c)];
-      if (v_two_terms) {
-        int8_t* dst_res = &cache.vt_res[static_cast<size_t>(c) * ctx + static_cast<size_t>(pb)];
-        for (int r = 0; r < rows; ++r) dst_res[r] = vq_res[static_cast<size_t>(r) * kv_dim + static_cast<size_t>(c)];
+        // A key's 4-byte groups go 64 bytes apart (one line each); a value's bytes 4 apart.
+        const size_t key_at = kv.KeyAt(g, p, 0);
+        for (int d = 0; d < hd; d += 4) {
+          std::memcpy(&cache.k[key_at + static_cast<size_t>(d) * 16], k1 + d, 4);
+          std::memcpy(&cache.k_res[key_at + static_cast<size_t>(d) * 16], k2 + d, 4);
+        }
+        for (int d = 0; d < hd; ++d) {
+          const size_t at = kv.ValueAt(g, p, d);
+          cache.v[at] = v1[d];
+          if (v_two_terms) cache.v_res[at] = v2[d];
+        }
       }
     }
     return Status::Ok();
@@ -770,7 +789,7 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   }
   clock.Mark(LayerPhaseTimes::kRopeAndCache);
   // attention (causal; sliding window where the layer has one)
-  DAISY_RETURN_IF_ERROR(Attention(s, lw, cache, ctx, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
+  DAISY_RETURN_IF_ERROR(Attention(s, lw, kv, cache, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   clock.Mark(LayerPhaseTimes::kAttention);
   // output projection
   DAISY_RETURN_IF_ERROR(
@@ -892,20 +911,28 @@ void SetLayerPhaseTimes(LayerPhaseTimes* times) {
 
 // --- KvCache --------------------------------------------------------------------------
 
-KvCache::KvCache(const ModelSpec& spec, int first, int end, int ctx) : first_(first), end_(end), ctx_(ctx) {
+KvCache::KvCache(const ModelSpec& spec, int first, int end, int ctx)
+    : first_(first),
+      end_(end),
+      ctx_(ctx),
+      slots_((ctx + kernels::kInterleavedRows - 1) / kernels::kInterleavedRows * kernels::kInterleavedRows),
+      head_dim_(spec.head_dim) {
   DAISY_CHECK(ctx > 0 && first <= end, "Bug: KvCache with an empty context or range");
-  const size_t slots = static_cast<size_t>(spec.n_kv_heads) * static_cast<size_t>(ctx);
+  DAISY_CHECK(spec.head_dim % 4 == 0, "Bug: KvCache for a head_dim that is not a multiple of 4 (spec.cc refuses it)");
+  const size_t scales = static_cast<size_t>(spec.n_kv_heads) * static_cast<size_t>(slots_);
+  const size_t keys = scales * static_cast<size_t>(spec.head_dim);
+  const size_t values = static_cast<size_t>(spec.n_kv_heads) * static_cast<size_t>(slots_ / 4) * ValueGroupStride();
   layers_.resize(static_cast<size_t>(end - first));
   for (Layer& l : layers_) {
-    l.k.assign(slots * static_cast<size_t>(spec.head_dim), 0);
-    l.k_scale.assign(slots, 0.0f);
-    l.k_res.assign(slots * static_cast<size_t>(spec.head_dim), 0);
-    l.k_res_scale.assign(slots, 0.0f);
-    l.vt.assign(slots * static_cast<size_t>(spec.head_dim), 0);
-    l.v_scale.assign(slots, 0.0f);
+    l.k.assign(keys, 0);
+    l.k_scale.assign(scales, 0.0f);
+    l.k_res.assign(keys, 0);
+    l.k_res_scale.assign(scales, 0.0f);
+    l.v.assign(values, 0);
+    l.v_scale.assign(scales, 0.0f);
     if (NarrowModel(spec)) {
-      l.vt_res.assign(slots * static_cast<size_t>(spec.head_dim), 0);
-      l.v_res_scale.assign(slots, 0.0f);
+      l.v_res.assign(values, 0);
+      l.v_res_scale.assign(scales, 0.0f);
     }
   }
 }
@@ -915,6 +942,8 @@ KvCache KvCache::Copy() const {
   c.first_ = first_;
   c.end_ = end_;
   c.ctx_ = ctx_;
+  c.slots_ = slots_;
+  c.head_dim_ = head_dim_;
   c.length_ = length_;
   c.layers_ = layers_;
   return c;
@@ -933,7 +962,7 @@ void KvCache::set_length(int n) {
 size_t KvCache::Bytes() const {
   size_t b = 0;
   for (const Layer& l : layers_)
-    b += l.k.size() + l.k_res.size() + l.vt.size() + l.vt_res.size() +
+    b += l.k.size() + l.k_res.size() + l.v.size() + l.v_res.size() +
          4 * (l.k_scale.size() + l.k_res_scale.size() + l.v_scale.size() + l.v_res_scale.size());
   return b;
 }
@@ -1176,9 +1205,11 @@ Status CheckContext(const ModelSpec& spec, int ctx) {
   if (spec.max_positions > 0 && ctx > spec.max_positions)
     return InvalidArgument("context length " + std::to_string(ctx) + " exceeds the model's " +
                            std::to_string(spec.max_positions) + " positions");
-  if (ctx > kernels::kMaxK)
+  // P.V reduces over the keys rounded out to groups of 4 (MakePiece): whole groups within kMaxK.
+  constexpr int kMaxKeys = kernels::kMaxK / 4 * 4;
+  if (ctx > kMaxKeys)
     return InvalidArgument("context length " + std::to_string(ctx) + " exceeds the attention product's limit of " +
-                           std::to_string(kernels::kMaxK) + " keys");
+                           std::to_string(kMaxKeys) + " keys");
   return Status::Ok();
 }
 

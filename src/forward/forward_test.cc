@@ -239,7 +239,7 @@ TEST(Forward, KeysEnterTheCacheAsTwoInt8Terms) {
     const KvCache::Layer& c = kv.layer(l);
     for (int g = 0; g < s.n_kv_heads; ++g)
       for (int p = 0; p < n; ++p) {
-        const size_t slot = static_cast<size_t>(g) * ctx + static_cast<size_t>(p);
+        const size_t slot = static_cast<size_t>(g) * static_cast<size_t>(kv.slots()) + static_cast<size_t>(p);
         ASSERT_GT(c.k_scale[slot], 0.0f);
         EXPECT_LE(c.k_res_scale[slot], c.k_scale[slot] / 254.0f * 1.001f) << l << " " << g << " " << p;
         with_residual += c.k_res_scale[slot] > 0.0f;
@@ -249,17 +249,22 @@ TEST(Forward, KeysEnterTheCacheAsTwoInt8Terms) {
   }
   EXPECT_GT(with_residual, n * s.n_kv_heads);  // most keys are not exact in one int8 term
   // A narrow model (this one) holds values as two terms too: k, k_res, v, v_res + four scales.
+  // A value row takes head_dim bytes rounded up to a whole tile of 16 (ValueGroupStride / 4).
   ASSERT_TRUE(NarrowModel(s));
-  EXPECT_FALSE(kv.layer(0).vt_res.empty());
-  const size_t per_slot = 4 * static_cast<size_t>(s.head_dim) + 4 * 4;
-  EXPECT_EQ(kv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * per_slot);
+  ASSERT_EQ(kv.slots(), ctx);  // a whole number of tiles of 16
+  EXPECT_FALSE(kv.layer(0).v_res.empty());
+  const size_t hd = static_cast<size_t>(s.head_dim), value = (hd + 15) / 16 * 16;
+  EXPECT_EQ(kv.ValueGroupStride(), 4 * value);
+  EXPECT_EQ(kv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * (2 * hd + 2 * value + 4 * 4));
   // A wider model keeps one value term: k, k_res, v + three scales.
   ModelSpec wide = s;
   wide.hidden = kNarrowHidden + 32;
   ASSERT_FALSE(NarrowModel(wide));
   KvCache wkv(wide, 0, 2, ctx);
-  EXPECT_TRUE(wkv.layer(0).vt_res.empty());
-  EXPECT_EQ(wkv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * (3 * static_cast<size_t>(s.head_dim) + 3 * 4));
+  EXPECT_TRUE(wkv.layer(0).v_res.empty());
+  EXPECT_EQ(wkv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * (2 * hd + value + 3 * 4));
+  // A context that is not a whole number of tiles is held in whole tiles.
+  EXPECT_EQ(KvCache(s, 0, 1, 17).slots(), 32);
 }
 
 // --- splits ---------------------------------------------------------------------------

@@ -163,19 +163,25 @@ inline Result<std::vector<int32_t>> GreedyDecode(HeadStage& head, std::span<cons
 // residual, v and their scales), whatever lies past n.
 inline bool SameCachePrefix(const KvCache& a, const KvCache& b, const ModelSpec& spec, int n) {
   if (a.first() != b.first() || a.end() != b.end() || a.ctx() != b.ctx()) return false;
-  const size_t ctx = static_cast<size_t>(a.ctx()), hd = static_cast<size_t>(spec.head_dim), un = static_cast<size_t>(n);
+  const size_t slots = static_cast<size_t>(a.slots()), un = static_cast<size_t>(n);
   auto same = [](const auto& x, const auto& y, size_t at, size_t len) {
     return std::memcmp(x.data() + at, y.data() + at, len * sizeof(x[0])) == 0;
   };
   for (int l = a.first(); l < a.end(); ++l) {
     const KvCache::Layer& x = a.layer(l);
     const KvCache::Layer& y = b.layer(l);
-    for (size_t h = 0; h < static_cast<size_t>(spec.n_kv_heads); ++h) {
-      if (!same(x.k, y.k, h * ctx * hd, un * hd) || !same(x.k_res, y.k_res, h * ctx * hd, un * hd)) return false;
-      if (!same(x.k_scale, y.k_scale, h * ctx, un) || !same(x.k_res_scale, y.k_res_scale, h * ctx, un)) return false;
-      if (!same(x.v_scale, y.v_scale, h * ctx, un)) return false;
-      for (size_t d = 0; d < hd; ++d)
-        if (!same(x.vt, y.vt, (h * hd + d) * ctx, un)) return false;
+    for (int h = 0; h < spec.n_kv_heads; ++h) {
+      const size_t at = static_cast<size_t>(h) * slots;
+      if (!same(x.k_scale, y.k_scale, at, un) || !same(x.k_res_scale, y.k_res_scale, at, un)) return false;
+      if (!same(x.v_scale, y.v_scale, at, un)) return false;
+      if (x.v_res.empty() != y.v_res.empty()) return false;
+      if (!x.v_res.empty() && !same(x.v_res_scale, y.v_res_scale, at, un)) return false;
+      for (int p = 0; p < n; ++p)
+        for (int d = 0; d < spec.head_dim; ++d) {
+          const size_t k = a.KeyAt(h, p, d), v = a.ValueAt(h, p, d);
+          if (x.k[k] != y.k[k] || x.k_res[k] != y.k_res[k] || x.v[v] != y.v[v]) return false;
+          if (!x.v_res.empty() && x.v_res[v] != y.v_res[v]) return false;
+        }
     }
   }
   return true;

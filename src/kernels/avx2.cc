@@ -180,11 +180,69 @@ __attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixVie
   }
 }
 
+// ---- Interleaved weights (QMatrixView::tile_stride > 0): the KV cache's keys and values ----
+// A tile's group is 16 rows x 4 bytes: widened to int16 four rows at a time and multiplied
+// with vpmaddwd by the x row's 4 bytes (widened, repeated), each int32 lane the sum of two
+// products of one row; the two lanes of a row are added once, after the last group. Two x
+// rows per pass: 8 accumulators, 4 widened weights and the x vectors in 16 ymm.
+constexpr int kInterleavedXRows = 2;
+
+// The 16 row sums of one x row's four accumulators (rows 0-3, 4-7, 8-11, 12-15; each lane
+// pair one row), in row order.
+inline void RowSums16(const __m256i* a, int32_t* out) {
+  // hadd per 128-bit half: [r0 r1 r4 r5 | r2 r3 r6 r7]; the permutation restores row order.
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a[0], a[1]), order));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8),
+                      _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a[2], a[3]), order));
+}
+
+void InterleavedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,
+                        size_t ldy, int col_begin, int col_end) {
+  const int groups = w.k / 4;
+  const InterleavedTiles tiles = TilesOf(w, col_begin, col_end);
+  for (int t = tiles.begin; t < tiles.end; ++t) {
+    const int8_t* tile = w.q + static_cast<size_t>(t) * w.tile_stride;
+    const auto [base, lo, hi] = LanesOf(w, t, col_begin, col_end);
+    for (int i0 = 0; i0 < m; i0 += kInterleavedXRows) {
+      const int rows = m - i0 < kInterleavedXRows ? m - i0 : kInterleavedXRows;
+      // A missing second row repeats the first: valid memory, results discarded.
+      const int8_t* xr[kInterleavedXRows];
+      for (int r = 0; r < kInterleavedXRows; ++r) xr[r] = xq + static_cast<size_t>(i0 + (r < rows ? r : 0)) * ldx;
+      __m256i acc[kInterleavedXRows][4];
+      for (auto& a : acc)
+        for (__m256i& v : a) v = _mm256_setzero_si256();
+      for (int g = 0; g < groups; ++g) {
+        const int8_t* grp = tile + static_cast<size_t>(g) * w.group_stride;
+        __m256i wv[4];
+        for (int q = 0; q < 4; ++q) wv[q] = Load16(grp + 16 * q);
+        for (int r = 0; r < kInterleavedXRows; ++r) {
+          int32_t four;
+          std::memcpy(&four, xr[r] + 4 * g, 4);
+          const __m256i xv = _mm256_broadcastq_epi64(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(four)));
+          for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(xv, wv[q]));
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        int32_t sums[kInterleavedRows];
+        RowSums16(acc[r], sums);
+        float* yr = y + static_cast<size_t>(i0 + r) * ldy;
+        for (int c = lo; c < hi; ++c) yr[base + c] = Epilogue(sums[c], xscale[i0 + r], w, base + c);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
              int col_begin, int col_end) {
   if (m <= 0 || col_begin >= col_end) return;
+  if (w.tile_stride != 0) {  // interleaved (not w.interleaved(): see backends.h)
+    InterleavedProduct(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
+    return;
+  }
   const int k = w.k;
   if (m == 1) {  // the decode GEMV
     Gemv(xq, xscale[0], w, y, col_begin, col_end);

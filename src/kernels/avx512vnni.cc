@@ -367,11 +367,94 @@ void PackedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, con
   }
 }
 
+// ---- Interleaved weights (QMatrixView::tile_stride > 0): the KV cache's keys and values ----
+// The layout is already PackedProduct's packed tile, 16 rows at a time, as raw int8: each x
+// row's 4 bytes of a group are broadcast against a tile's group (w ^ 0x80, the same biased
+// sum and correction as PackedProduct), 8 x rows by two tiles of accumulators, with no packing
+// at all: attention's Q.K^T and P.V read the cache as it lies.
+// Where a tile's lanes start in y, scale and bias: view row 16 T - first_row, which is
+// negative for a first tile entered mid-way; an address (masked lanes are never touched),
+// not a pointer formed before an array.
+template <typename T>
+inline T* LaneBase(T* p, int row) {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr)
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) +
+                              static_cast<uintptr_t>(static_cast<intptr_t>(row)) * static_cast<uintptr_t>(sizeof(T)));
+}
+
+// Rows [i0, i0 + rows) of x (R = 8, or 4 when no more are left) against tile t and, when
+// `two`, t + 1; writes the view rows in [col_begin, col_end).
+template <int R>
+inline void InterleavedTile(const QMatrixView& w, const int8_t* const* xr, const uint32_t* corr, const float* xscale,
+                            int rows, int t, bool two, int col_begin, int col_end, float* y, size_t ldy) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int groups = w.k / 4;
+  const int8_t* t0 = w.q + static_cast<size_t>(t) * w.tile_stride;
+  const int8_t* t1 = t0 + w.tile_stride;
+  __m512i acc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  for (int g = 0; g < groups; ++g) {
+    const size_t at = static_cast<size_t>(g) * w.group_stride;
+    const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(t0 + at), flip);
+    const __m512i w1 = two ? _mm512_xor_si512(_mm512_loadu_si512(t1 + at), flip) : w0;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i xb = _mm512_broadcastd_epi32(_mm_loadu_si32(xr[r] + 4 * g));
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, xb);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, xb);
+    }
+  }
+  for (int h = 0; h < (two ? 2 : 1); ++h) {
+    const auto [base, lo, hi] = LanesOf(w, t + h, col_begin, col_end);
+    if (lo >= hi) continue;
+    const auto mask = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    const __m512 ws = w.scale ? _mm512_maskz_loadu_ps(mask, LaneBase(w.scale, base)) : _mm512_set1_ps(1.0f);
+    const __m512 bias = w.bias ? _mm512_maskz_loadu_ps(mask, LaneBase(w.bias, base)) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; ++r) {
+      // Undo the +128 bias (wrapping), then Epilogue's sequence: s = xs * ws; v = acc * s; v + b.
+      const __m512i a = _mm512_sub_epi32(acc[r][h], _mm512_set1_epi32(static_cast<int32_t>(corr[r])));
+      const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(xscale[r]), ws);
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), sc);
+      if (w.bias) v = _mm512_add_ps(v, bias);
+      _mm512_mask_storeu_ps(LaneBase(y + static_cast<size_t>(r) * ldy, base), mask, v);
+    }
+  }
+}
+
+void InterleavedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,
+                        size_t ldy, int col_begin, int col_end) {
+  uint32_t corr[kPackPanelRows];
+  const InterleavedTiles tiles = TilesOf(w, col_begin, col_end);
+  for (int p0 = 0; p0 < m; p0 += kPackPanelRows) {
+    const int p1 = m - p0 < kPackPanelRows ? m : p0 + kPackPanelRows;
+    for (int i = p0; i < p1; ++i) corr[i - p0] = RowCorrection(xq + static_cast<size_t>(i) * ldx, w.k);
+    for (int t = tiles.begin; t < tiles.end; t += 2) {
+      const bool two = t + 1 < tiles.end;
+      for (int i0 = p0; i0 < p1; i0 += kPackRows) {
+        const int rows = p1 - i0 < kPackRows ? p1 - i0 : kPackRows;
+        // Rows past the last repeat it: valid memory, results discarded.
+        const int8_t* xr[kPackRows];
+        for (int r = 0; r < kPackRows; ++r) xr[r] = xq + static_cast<size_t>(i0 + (r < rows ? r : rows - 1)) * ldx;
+        float* yr = y + static_cast<size_t>(i0) * ldy;
+        if (rows <= 4)
+          InterleavedTile<4>(w, xr, corr + (i0 - p0), xscale + i0, rows, t, two, col_begin, col_end, yr, ldy);
+        else
+          InterleavedTile<8>(w, xr, corr + (i0 - p0), xscale + i0, rows, t, two, col_begin, col_end, yr, ldy);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
              int col_begin, int col_end) {
   if (m <= 0 || col_begin >= col_end) return;
+  if (w.tile_stride != 0) {  // interleaved (not w.interleaved(): see backends.h)
+    InterleavedProduct(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
+    return;
+  }
   const int k = w.k;
   if (m == 1) {  // the decode GEMV
     Gemv(xq, xscale[0], w, y, col_begin, col_end);

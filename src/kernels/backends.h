@@ -39,6 +39,26 @@ namespace wasm {
 constexpr int kMr = 2, kNr = 4, kLanes = 16;  // 8 accumulators + 4 widened weights: 16 x86 xmm
 }  // namespace wasm
 
+// An interleaved view's (QMatrixView::tile_stride > 0) rows [col_begin, col_end) lie in its
+// tiles [begin, end); lane c of tile t is view row t * kInterleavedRows - first_row + c.
+// Static functions: internal linkage in every unit (rule above).
+struct InterleavedTiles {
+  int begin, end;
+};
+static inline InterleavedTiles TilesOf(const QMatrixView& w, int col_begin, int col_end) {
+  return {(w.first_row + col_begin) / kInterleavedRows, (w.first_row + col_end - 1) / kInterleavedRows + 1};
+}
+// Tile t's view row of lane 0 (`base`, negative for a first tile entered mid-way) and the
+// lanes [lo, hi) holding rows of [col_begin, col_end).
+struct TileLanes {
+  int base, lo, hi;
+};
+static inline TileLanes LanesOf(const QMatrixView& w, int t, int col_begin, int col_end) {
+  const int base = t * kInterleavedRows - w.first_row;
+  return {base, col_begin > base ? col_begin - base : 0,
+          col_end - base < kInterleavedRows ? col_end - base : kInterleavedRows};
+}
+
 // Computes columns [col_begin, col_end) of y for all m rows (see MatMulQ in kernels.h).
 // Writes exactly y[i * ldy + j] for i < m, col_begin <= j < col_end and nothing else.
 using MatMulQFn = void (*)(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,

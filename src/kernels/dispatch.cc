@@ -575,9 +575,12 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
              ProductShape shape) {
   // k comes from validated specs (QuantizeMatrix refuses k > kMaxK), so this is a bug.
   DAISY_CHECK(w.k >= 0 && w.k <= kMaxK, "Bug: MatMulQ reduction length outside [0, kMaxK]: int32 could overflow");
-  DAISY_CHECK(m >= 0 && w.n >= 0 && w.ld >= static_cast<size_t>(w.k) &&
+  DAISY_CHECK(m >= 0 && w.n >= 0 && (w.interleaved() || w.ld >= static_cast<size_t>(w.k)) &&
                   (m <= 1 || (ldx >= static_cast<size_t>(w.k) && ldy >= static_cast<size_t>(w.n))),
               "Bug: MatMulQ shape or stride inconsistent");
+  DAISY_CHECK(!w.interleaved() || (w.k % 4 == 0 && w.first_row >= 0 && w.first_row < kInterleavedRows &&
+                                   w.group_stride >= 64 && w.tile_stride >= 64),
+              "Bug: MatMulQ interleaved view inconsistent (k a multiple of 4, first_row < 16, groups of 64 bytes)");
   if (m == 0 || w.n == 0) return;
   Registry& r = Reg();
   const auto b = static_cast<Backend>(r.choice[static_cast<size_t>(shape)].load(std::memory_order_relaxed));

@@ -101,7 +101,8 @@ void Injected(const int8_t* xq, const float* xscale, int m, size_t ldx, const QM
   const MatMulQFn real = internal::EntryFor(B);
   const Geometry g = *GeometryOf(B);
   const int mc = w.k > 0 ? RowPanelRows(w.k, g.mr) : m;
-  if (kBug == Bug::kNone || m <= mc || col_begin >= col_end) {
+  // The bugs are of the row-major tiles (Dot and WeightSum read rows): interleaved views pass through.
+  if (kBug == Bug::kNone || m <= mc || col_begin >= col_end || w.interleaved()) {
     real(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
     return;
   }
@@ -217,6 +218,34 @@ INSTANTIATE_TEST_SUITE_P(AllBackends, GateShapesTest, ::testing::ValuesIn(kBacke
                          [](const ::testing::TestParamInfo<Backend>& info) {
                            return std::string(BackendName(info.param));
                          });
+
+// The interleaved shapes reach what a unit reading the KV cache's layouts must get right:
+// both layouts, one x row, x rows past a tile of 8 with a short last tile, a view starting
+// inside its first tile, a column range starting past the first tile and ending inside one.
+TEST(GateShapes, ReachEveryInterleavedCase) {
+  bool keys = false, values = false, one_row = false, short_last = false, mid_tile = false, later_tile = false,
+       partial_end = false;
+  for (const internal::GateShape& s : internal::GateShapes()) {
+    if (s.layout == internal::GateLayout::kRowMajor) continue;
+    keys = keys || s.layout == internal::GateLayout::kInterleavedKeys;
+    values = values || s.layout == internal::GateLayout::kInterleavedValues;
+    one_row = one_row || s.m == 1;
+    short_last = short_last || (s.m > 8 && s.m % 8 != 0 && s.m % 8 <= 4);
+    const int first = s.first_row + s.col_begin, end = s.first_row + s.n - s.col_begin / 2;
+    mid_tile = mid_tile || first % kInterleavedRows != 0;
+    later_tile = later_tile || first >= kInterleavedRows;
+    partial_end = partial_end || end % kInterleavedRows != 0;
+    EXPECT_EQ(s.k % 4, 0) << "an interleaved view's k is a multiple of 4";
+  }
+  EXPECT_TRUE(keys && values && one_row && short_last && mid_tile && later_tile && partial_end);
+}
+
+// The gates compare every SIMD unit on an interleaved view with scalar on the row-major
+// rows; scalar reads the layout itself through QMatrixView::At, so on the same views it must
+// give those bits too.
+TEST(GateShapes, ScalarReadsInterleavedViewsAsTheirRows) {
+  EXPECT_EQ(internal::RunGate(&scalar::MatMulQ), "");
+}
 
 // ---- A unit with a later-panel bug is demoted ----
 

@@ -46,13 +46,20 @@ enum class GateFill : uint8_t {
   kExtremeSame,   // x = 127, w = 127 everywhere: the largest positive sum
   kExtremeMixed,  // x = -127, w = 127 and x = 127, w = -127: the largest negative sums
 };
+// How a gate shape lays out its weights (QMatrixView): row-major, or interleaved as the KV
+// cache holds them: keys (a tile's groups one after the other, group_stride 64) or values
+// (every tile's group g, then group g + 1: tile_stride 64).
+enum class GateLayout : uint8_t { kRowMajor, kInterleavedKeys, kInterleavedValues };
 struct GateShape {
   int m, n, k;
   GateFill fill;
   bool bias;
   bool scale;     // w.scale set (else nullptr: 1.0f)
-  int pad;        // extra elements per row of x, w and y (strides > k, > n)
+  int pad;        // extra elements per row of x, w and y (strides > k, > n); interleaved: 64-byte
+                  // blocks between tiles (keys) or groups (values)
   int col_begin;  // the column range handed to the entry (col_end = n - col_begin / 2)
+  GateLayout layout = GateLayout::kRowMajor;
+  int first_row = 0;  // interleaved: the view's first row inside its first tile
 };
 std::span<const GateShape> GateShapes();
 
@@ -69,8 +76,9 @@ ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend>
 ReadBandwidth SummarizeReadPasses(std::span<std::vector<double>> seconds_per_kind, double bytes);
 // Bumped whenever a unit's code, or the memory its products read, changes, so cached timings
 // of older units are not trusted (5: weights and KV caches in large-page memory; 6: the
-// decode GEMV in a one-row path of its own, eight rows at a time).
-constexpr int kKernelVersion = 6;
+// decode GEMV in a one-row path of its own, eight rows at a time; 7: attention over the KV
+// cache's interleaved layouts).
+constexpr int kKernelVersion = 7;
 // A stable description of this CPU (x86: vendor, family/model/stepping and brand string;
 // arm64: MIDR where readable): cached timings are valid only on the same model.
 std::string CpuModelKey();

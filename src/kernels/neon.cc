@@ -100,11 +100,135 @@ inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
   return v;
 }
 
+// ---- Interleaved weights (QMatrixView::tile_stride > 0): the KV cache's keys and values ----
+// Group g of a tile is 16 rows x 4 bytes in 4 q registers (rows 4q .. 4q + 3 in register q);
+// sdot by lane multiplies each row's 4 bytes by x's 4 bytes of group g, taken from a
+// 16-byte load of x that covers 4 groups (lane g % 4): one accumulator per 4 rows, so a
+// row's sum is one lane and needs no reduction. Up to kInterleavedXRows x rows per pass:
+// 16 accumulators + 4 weights + 4 x in 32 q registers.
+constexpr int kInterleavedXRows = 4;
+
+// acc[s][i][q] += group g's 4 q registers times x row i's group in lane L of xv[i]. S sets
+// of accumulators take turns (set L % S) so that one or two x rows still keep 8 or more sdot chains
+// in flight.
+template <int MR, int S, int L>
+inline void InterleavedGroup(const int8_t* grp, const int8x16_t* xv, int32x4_t (*acc)[MR][4]) {
+  int8x16_t wv[4];
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) wv[q] = vld1q_s8(grp + 16 * q);
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) acc[L % S][i][q] = vdotq_laneq_s32(acc[L % S][i][q], wv[q], xv[i], L);
+}
+
+// out[i][c] = sum_t x_i[t] * W(tile row c, t) for the MR x rows xr and all 16 rows of the
+// tile whose group 0 is at `tile` (rows outside the product are computed and discarded:
+// the view allows reading them).
+template <int MR>
+inline void InterleavedTile(const int8_t* tile, size_t group_stride, int groups, const int8_t* const* xr,
+                            int32_t (*out)[kInterleavedRows]) {
+  constexpr int S = MR <= 2 ? 2 : 1;
+  int32x4_t acc[S][MR][4];
+#pragma GCC unroll 2
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) acc[s][i][q] = vdupq_n_s32(0);
+  int8x16_t xv[MR];
+  const int8_t* grp = tile;
+  int g = 0;
+  for (; g + 4 <= groups; g += 4) {
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) xv[i] = vld1q_s8(xr[i] + 4 * g);
+    InterleavedGroup<MR, S, 0>(grp, xv, acc);
+    InterleavedGroup<MR, S, 1>(grp + group_stride, xv, acc);
+    InterleavedGroup<MR, S, 2>(grp + 2 * group_stride, xv, acc);
+    InterleavedGroup<MR, S, 3>(grp + 3 * group_stride, xv, acc);
+    grp += 4 * group_stride;
+  }
+  // The last 1 to 3 groups: 4 bytes of x each (a 16-byte load could pass the row's end).
+  for (; g < groups; ++g, grp += group_stride) {
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      int32_t four;
+      std::memcpy(&four, xr[i] + 4 * g, 4);
+      xv[i] = vreinterpretq_s8_s32(vdupq_n_s32(four));
+    }
+    InterleavedGroup<MR, S, 0>(grp, xv, acc);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q)
+      vst1q_s32(out[i] + 4 * q, S == 2 ? vaddq_s32(acc[0][i][q], acc[S - 1][i][q]) : acc[0][i][q]);
+}
+
+// y[j] for view rows j = base + c, lo <= c < hi, of one x row: Epilogue's operations, four
+// rows at a time where all four are wanted (the same IEEE operations lane by lane:
+// scvtf, then s = xs * ws, v * s, v + b), else one by one.
+inline void InterleavedEpilogue(const int32_t* acc, float xs, const QMatrixView& w, int base, int lo, int hi,
+                                float* yr) {
+  for (int c = lo; c < hi;) {
+    const int j = base + c;
+    if (c % 4 == 0 && c + 4 <= hi) {
+      const float32x4_t ws = w.scale ? vld1q_f32(w.scale + j) : vdupq_n_f32(1.0f);
+      const float32x4_t s = vmulq_f32(vdupq_n_f32(xs), ws);
+      float32x4_t v = vmulq_f32(vcvtq_f32_s32(vld1q_s32(acc + c)), s);
+      if (w.bias) v = vaddq_f32(v, vld1q_f32(w.bias + j));
+      vst1q_f32(yr + j, v);
+      c += 4;
+    } else {
+      yr[j] = Epilogue(acc[c], xs, w, j);
+      ++c;
+    }
+  }
+}
+
+void InterleavedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,
+                        size_t ldy, int col_begin, int col_end) {
+  const int groups = w.k / 4;
+  const InterleavedTiles tiles = TilesOf(w, col_begin, col_end);
+  // Tile by tile, every x row against it: the tile's groups stay in cache across x blocks.
+  for (int t = tiles.begin; t < tiles.end; ++t) {
+    const int8_t* tile = w.q + static_cast<size_t>(t) * w.tile_stride;
+    const auto [base, lo, hi] = LanesOf(w, t, col_begin, col_end);
+    for (int i = 0; i < m;) {
+      const int mr = m - i < kInterleavedXRows ? m - i : kInterleavedXRows;
+      const int8_t* xr[kInterleavedXRows];
+      for (int ii = 0; ii < mr; ++ii) xr[ii] = xq + static_cast<size_t>(i + ii) * ldx;
+      alignas(16) int32_t acc[kInterleavedXRows][kInterleavedRows];
+      switch (mr) {
+        case 1:
+          InterleavedTile<1>(tile, w.group_stride, groups, xr, acc);
+          break;
+        case 2:
+          InterleavedTile<2>(tile, w.group_stride, groups, xr, acc);
+          break;
+        case 3:
+          InterleavedTile<3>(tile, w.group_stride, groups, xr, acc);
+          break;
+        default:
+          InterleavedTile<4>(tile, w.group_stride, groups, xr, acc);
+          break;
+      }
+      for (int ii = 0; ii < mr; ++ii)
+        InterleavedEpilogue(acc[ii], xscale[i + ii], w, base, lo, hi, y + static_cast<size_t>(i + ii) * ldy);
+      i += mr;
+    }
+  }
+}
+
 }  // namespace
 
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
              int col_begin, int col_end) {
   if (m <= 0 || col_begin >= col_end) return;
+  if (w.tile_stride != 0) {  // interleaved (not w.interleaved(): see backends.h)
+    InterleavedProduct(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
+    return;
+  }
   const int k = w.k;
   // Row panels of about 192 KiB of x stay in cache while the panel's weight tiles stream by.
   const int mc = k > 0 ? RowPanelRows(k, kMr) : m;

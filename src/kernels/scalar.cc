@@ -5,10 +5,14 @@
 namespace daisy::kernels::scalar {
 
 float Cell(const int8_t* xr, float xs, const QMatrixView& w, int j) {
-  const int8_t* wr = w.q + static_cast<size_t>(j) * w.ld;
   // Exact: |x|, |w| <= 127 and k <= kMaxK keep every partial sum inside int32.
   int32_t acc = 0;
-  for (int t = 0; t < w.k; ++t) acc += static_cast<int32_t>(xr[t]) * static_cast<int32_t>(wr[t]);
+  if (w.interleaved()) {
+    for (int t = 0; t < w.k; ++t) acc += static_cast<int32_t>(xr[t]) * static_cast<int32_t>(*w.At(j, t));
+  } else {
+    const int8_t* wr = w.q + static_cast<size_t>(j) * w.ld;
+    for (int t = 0; t < w.k; ++t) acc += static_cast<int32_t>(xr[t]) * static_cast<int32_t>(wr[t]);
+  }
   // Epilogue: one fixed order of IEEE operations (docs/KERNELS.md).
   const float ws = w.scale ? w.scale[j] : 1.0f;
   const float s = xs * ws;

@@ -74,11 +74,11 @@ ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend>
   // row's reduction and epilogue weigh more, and the backends' one-row paths differ most
   // there, 26-28 against 25-26 GB/s); gemm: a prefill chunk's projection; attention: one
   // decode step of a KV head (group of 8 query rows) against 512 cached keys, Q.K (k =
-  // head_dim 64) then P.V (k = the keys, V^T rows strided by a 4096-position context).
+  // head_dim 64) then P.V (k = the keys), both over the KV cache's interleaved layouts
+  // (forward.h KvCache: keys in tiles of 16 positions, values in groups of 4).
   Case gemv_short(1, 40960, 576), gemv(1, 26624, 896), gemm(64, 512, 896), qk(8, 512, 64), pv(8, 64, 512);
-  LargePageBytes vt(static_cast<size_t>(64) * 4096);  // as a KV cache's
-  FillQ(vt, 3);
-  const QMatrixView pv_view{vt.data(), nullptr, nullptr, 64, 512, 4096};
+  const QMatrixView qk_view{qk.w.data(), qk.ws.data(), nullptr, 512, 64, 64, 64 * kInterleavedRows, 64, 0};
+  const QMatrixView pv_view{pv.w.data(), nullptr, nullptr, 64, 512, 512, 64, 64 * 4, 0};
   ShapeTimings t{};  // 0: not measured (yet)
   // Rounds of every backend on every shape in turn, best of the rounds after a warm-up: on a
   // shared machine a burst of other work then slows one round of every backend, not every
@@ -97,7 +97,7 @@ ShapeTimings MeasureShapes(const BackendTable& entries, std::span<const Backend>
                                             }),
                                             Seconds([&] { whole(gemm, gemm.View()); }), Seconds([&] {
                                               for (int rep = 0; rep < 8; ++rep) {
-                                                whole(qk, qk.View());
+                                                whole(qk, qk_view);
                                                 whole(pv, pv_view);
                                               }
                                             })};

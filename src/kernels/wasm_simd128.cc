@@ -116,11 +116,85 @@ inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
   return v;
 }
 
+// ---- Interleaved weights (QMatrixView::tile_stride > 0): the KV cache's keys and values ----
+// A group's 16 bytes of four rows (4 bytes each) widen to two int16 vectors of two rows, and
+// i32x4.dot_i16x8_s against the x row's 4 bytes of that group (widened, repeated) gives two
+// int32 lanes per row, each the sum of two products; a row's two lanes are added once, after
+// the last group (integer adds: exact in any order, as above). A pass covers `4 * Q` rows of
+// a tile for `MR` x rows: 2 * MR * Q accumulators, so 8 with one x row on the whole tile or
+// two x rows on half of it, leaving registers for the weights and x on x86's 16 xmm.
+template <int MR, int Q>
+inline void InterleavedPass(const int8_t* const* xr, const int8_t* tile, size_t group_stride, int groups, int c0,
+                            int32_t (*sums)[kInterleavedRows]) {
+  v128_t acc[MR][2 * Q];
+  for (int i = 0; i < MR; ++i)
+    for (int a = 0; a < 2 * Q; ++a) acc[i][a] = wasm_i32x4_splat(0);
+  const int8_t* grp = tile + static_cast<size_t>(c0) * 4;  // row c0's bytes in group 0
+  for (int g = 0; g < groups; ++g, grp += group_stride) {
+    v128_t xv[MR];  // [x0 x1 x2 x3 x0 x1 x2 x3]: a 4-byte load, never past the row's k bytes
+    for (int i = 0; i < MR; ++i) xv[i] = wasm_i16x8_extend_low_i8x16(wasm_v128_load32_splat(xr[i] + 4 * g));
+    for (int q = 0; q < Q; ++q) {
+      const v128_t v = wasm_v128_load(grp + 16 * q);  // rows c0 + 4q .. c0 + 4q + 3
+      const v128_t lo = wasm_i16x8_extend_low_i8x16(v), hi = wasm_i16x8_extend_high_i8x16(v);
+      for (int i = 0; i < MR; ++i) {
+        acc[i][2 * q] = wasm_i32x4_add(acc[i][2 * q], wasm_i32x4_dot_i16x8(xv[i], lo));
+        acc[i][2 * q + 1] = wasm_i32x4_add(acc[i][2 * q + 1], wasm_i32x4_dot_i16x8(xv[i], hi));
+      }
+    }
+  }
+  // acc[i][2q] = (r0, r0, r1, r1) and acc[i][2q + 1] = (r2, r2, r3, r3): add each row's pair.
+  for (int i = 0; i < MR; ++i)
+    for (int q = 0; q < Q; ++q) {
+      const v128_t a = acc[i][2 * q], b = acc[i][2 * q + 1];
+      wasm_v128_store(sums[i] + c0 + 4 * q,
+                      wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 2, 4, 6), wasm_i32x4_shuffle(a, b, 1, 3, 5, 7)));
+    }
+}
+
+// Tile rows [lo, hi) for MR x rows, in passes of 4 * Q rows aligned in the tile: a pass may
+// read rows of its groups outside [lo, hi) (allowed), whose sums are never written out.
+template <int MR, int Q>
+inline void InterleavedRows(const int8_t* const* xr, const int8_t* tile, size_t group_stride, int groups, int lo,
+                            int hi, int32_t (*sums)[kInterleavedRows]) {
+  for (int c0 = lo - lo % (4 * Q); c0 < hi; c0 += 4 * Q)
+    InterleavedPass<MR, Q>(xr, tile, group_stride, groups, c0, sums);
+}
+
+void InterleavedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,
+                        size_t ldy, int col_begin, int col_end) {
+  const int groups = w.k / 4;
+  const InterleavedTiles tiles = TilesOf(w, col_begin, col_end);
+  for (int t = tiles.begin; t < tiles.end; ++t) {
+    const int8_t* tile = w.q + static_cast<size_t>(t) * w.tile_stride;
+    const auto [base, lo, hi] = LanesOf(w, t, col_begin, col_end);
+    for (int i = 0; i < m;) {
+      const int mr = m - i < 2 ? 1 : 2;
+      const int8_t* xr[2] = {xq + static_cast<size_t>(i) * ldx, xq + static_cast<size_t>(i + mr - 1) * ldx};
+      alignas(16) int32_t sums[2][kInterleavedRows];
+      // Two x rows share each weight load; a last single row (the decode's m = 1) reads each
+      // group's 64 bytes in one pass.
+      if (mr == 2)
+        InterleavedRows<2, 2>(xr, tile, w.group_stride, groups, lo, hi, sums);
+      else
+        InterleavedRows<1, 4>(xr, tile, w.group_stride, groups, lo, hi, sums);
+      for (int ii = 0; ii < mr; ++ii) {
+        float* yr = y + static_cast<size_t>(i + ii) * ldy;
+        for (int c = lo; c < hi; ++c) yr[base + c] = Epilogue(sums[ii][c], xscale[i + ii], w, base + c);
+      }
+      i += mr;
+    }
+  }
+}
+
 }  // namespace
 
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
              int col_begin, int col_end) {
   if (m <= 0 || col_begin >= col_end) return;
+  if (w.tile_stride != 0) {  // interleaved (not w.interleaved(): see backends.h)
+    InterleavedProduct(xq, xscale, m, ldx, w, y, ldy, col_begin, col_end);
+    return;
+  }
   const int k = w.k;
   // Row panels of about 192 KiB of x stay in cache while the panel's weight tiles stream by.
   const int mc = k > 0 ? RowPanelRows(k, kMr) : m;

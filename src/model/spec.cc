@@ -254,6 +254,11 @@ Result<ModelSpec> SpecFromConfig(std::string_view config_json) {
     return Unimplemented("architecture '" + spec.architecture + "' is not supported (supported: " + kSupported + ")");
   }
   if (!st.ok()) return st.WithContext(spec.architecture);
+  // The KV cache holds keys in groups of 4 dimensions (forward.h KvCache::KeyAt); every
+  // published model of these families has such heads.
+  if (spec.head_dim % 4 != 0)
+    return Unimplemented(spec.architecture + ": head_dim " + std::to_string(spec.head_dim) +
+                         " is not a multiple of 4 (not supported)");
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) spec.bos_id = j["bos_token_id"].get<int>();
   DAISY_RETURN_IF_ERROR(AddIds(j, "eos_token_id", "config.json", spec.eos_ids));
   return spec;

@@ -174,6 +174,12 @@ TEST(Spec, RefusesUnsupportedModelsByName) {
   ExpectRefused(
       R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16})",
       "not a multiple");
+  ExpectRefused(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":60,"num_hidden_layers":2,"num_attention_heads":6,"intermediate_size":128,"vocab_size":10,"max_position_embeddings":16})",
+      "head_dim 10 is not a multiple of 4");
+  ExpectRefused(
+      R"({"architectures":["GPT2LMHeadModel"],"n_embd":40,"n_layer":2,"n_head":4,"vocab_size":10,"n_positions":16})",
+      "head_dim 10 is not a multiple of 4");
   ExpectRefused(R"({"architectures":["LlamaForCausalLM"],"hidden_size":"64"})", "hidden_size");
   ExpectRefused(R"({"model_type":"llama"})", "no 'architectures'");
   ExpectRefused("[1,2]", "not a JSON object");
