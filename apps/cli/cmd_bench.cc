@@ -50,12 +50,7 @@ double DecodeBytesPerToken(const StageWeights& w, double position) {
   const HeadWeights& h = w.head();
   b += static_cast<double>(h.lm_head.Bytes()) + 4.0 * static_cast<double>(h.final_norm.size());
   b += static_cast<double>(h.embed.Bytes()) / std::max(1, s.vocab);
-  // The KV cache read per position and kv head: two key terms, one value term (two in a narrow
-  // model) of head_dim rounded up to whole tiles of 16, and their f32 scales (forward.h KvCache).
-  const double v_terms = NarrowModel(s) ? 2.0 : 1.0;
-  const int value_row = (s.head_dim + 15) / 16 * 16;
-  b += static_cast<double>(w.end() - w.first()) * s.n_kv_heads * position *
-       (2.0 * s.head_dim + v_terms * static_cast<double>(value_row) + 4.0 * (2.0 + v_terms));
+  b += static_cast<double>(w.end() - w.first()) * position * static_cast<double>(KvCache::PositionBytes(s));
   return b;
 }
 

@@ -192,6 +192,15 @@ class KvCache {
            static_cast<size_t>(p / 4) * ValueGroupStride() + static_cast<size_t>(d / kernels::kInterleavedRows) * 64 +
            static_cast<size_t>(d % kernels::kInterleavedRows) * 4 + static_cast<size_t>(p % 4);
   }
+  // Keys [p0, p0 + n) of kv head g, from `terms` (Layer::k or k_res) with their `scales`, as
+  // the rows of an interleaved view: Q.K^T's weights.
+  kernels::QMatrixView KeyView(const LargePageBytes& terms, const std::vector<float>& scales, int g, int p0,
+                               int n) const;
+  // Head dimensions [d0, d1) of kv head g's values from `terms` (Layer::v or v_res) over the
+  // keys [k0, k0 + nk), both multiples of 4, as the rows of an interleaved view: P.V's weights.
+  kernels::QMatrixView ValueView(const LargePageBytes& terms, int g, int k0, int nk, int d0, int d1) const;
+  // Bytes a layer holds per position (every kv head's terms and scales), slots aside.
+  static size_t PositionBytes(const ModelSpec& spec);
   // The interleaved layouts' strides (QMatrixView): keys' tiles of 16 positions are
   // head_dim / 4 groups of 64 bytes; values' tiles of 16 dimensions are 64 bytes apart and
   // their groups of 4 positions ValueGroupStride() apart.

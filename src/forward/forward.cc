@@ -302,27 +302,10 @@ Status QuantizeQueries(const AttentionArgs& a, const Piece& pc, int8_t* qq, floa
 void KeyScores(const AttentionArgs& a, const Piece& pc, const int8_t* qq, const float* qs, int t0, int t1,
                float* scores, float* scores_res) {
   const KvCache::Layer& cache = *a.cache;
-  const KvCache& kv = *a.kv;
   const int hd = pc.hd;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  // The keys [k0 + t0, k0 + t1) as the rows of an interleaved view (KvCache::KeyAt), from
-  // inside their first tile of 16.
-  const int p0 = pc.k0 + t0;
-  const size_t tile = kv.KeyAt(pc.g, p0 - p0 % kernels::kInterleavedRows, 0);
-  const size_t sbase = static_cast<size_t>(pc.g) * static_cast<size_t>(kv.slots()) + static_cast<size_t>(p0);
-  auto view = [&](const LargePageBytes& terms, const std::vector<float>& scales) {
-    return QMatrixView{terms.data() + tile,
-                       scales.data() + sbase,
-                       nullptr,
-                       t1 - t0,
-                       hd,
-                       static_cast<size_t>(hd),
-                       kv.KeyTileStride(),
-                       64,
-                       p0 % kernels::kInterleavedRows};
-  };
-  const QMatrixView kview = view(cache.k, cache.k_scale);
-  const QMatrixView kres_view = view(cache.k_res, cache.k_res_scale);
+  const QMatrixView kview = a.kv->KeyView(cache.k, cache.k_scale, pc.g, pc.k0 + t0, t1 - t0);
+  const QMatrixView kres_view = a.kv->KeyView(cache.k_res, cache.k_res_scale, pc.g, pc.k0 + t0, t1 - t0);
   const auto ldy = static_cast<size_t>(pc.nk);
   kernels::MatMulQ(qq, qs, pc.q_terms * pc.rows, static_cast<size_t>(hd), kview, scores + t0, ldy,
                    kernels::ProductShape::kAttention);
@@ -411,20 +394,10 @@ Status Probabilities(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, S
 // of rows gives the same bits.
 void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0, int d1) {
   const KvCache::Layer& cache = *a.cache;
-  const KvCache& kv = *a.kv;
   const int hd = pc.hd;
-  // k0 is a multiple of 4 (MakePiece): the view starts at a group.
-  const size_t at = kv.ValueAt(pc.g, pc.k0, d0 - d0 % kernels::kInterleavedRows);
   for (int j = 0; j < pc.v_terms; ++j) {
-    const QMatrixView vview{(j == 0 ? cache.v : cache.v_res).data() + at,
-                            nullptr,
-                            nullptr,
-                            d1 - d0,
-                            pc.nk,
-                            static_cast<size_t>(pc.nk),
-                            64,
-                            kv.ValueGroupStride(),
-                            d0 % kernels::kInterleavedRows};
+    // k0 and nk are multiples of 4 (MakePiece).
+    const QMatrixView vview = a.kv->ValueView(j == 0 ? cache.v : cache.v_res, pc.g, pc.k0, pc.nk, d0, d1);
     const size_t row = pc.PRow(j, 0);  // both P' terms: 2 * rows rows from here
     kernels::MatMulQ(&b.pq[row * static_cast<size_t>(pc.nk)], &b.ps[row], 2 * pc.rows, static_cast<size_t>(pc.nk),
                      vview, &b.out[row * static_cast<size_t>(hd) + static_cast<size_t>(d0)], static_cast<size_t>(hd),
@@ -767,11 +740,11 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
                                                                      &cache.v_res_scale[slot], kr.data())
                                       : kernels::QuantizeRow(vrow + g * hd, hd, v1, &cache.v_scale[slot]);
         if (!v_ok) return DataLoss(At(l, p) + ": non-finite value; refused");
-        // A key's 4-byte groups go 64 bytes apart (one line each); a value's bytes 4 apart.
-        const size_t key_at = kv.KeyAt(g, p, 0);
+        // A key's groups of 4 dimensions lie a line apart; a value's bytes 4 apart.
         for (int d = 0; d < hd; d += 4) {
-          std::memcpy(&cache.k[key_at + static_cast<size_t>(d) * 16], k1 + d, 4);
-          std::memcpy(&cache.k_res[key_at + static_cast<size_t>(d) * 16], k2 + d, 4);
+          const size_t at = kv.KeyAt(g, p, d);
+          std::memcpy(&cache.k[at], k1 + d, 4);
+          std::memcpy(&cache.k_res[at], k2 + d, 4);
         }
         for (int d = 0; d < hd; ++d) {
           const size_t at = kv.ValueAt(g, p, d);
@@ -935,6 +908,42 @@ KvCache::KvCache(const ModelSpec& spec, int first, int end, int ctx)
       l.v_res_scale.assign(scales, 0.0f);
     }
   }
+}
+
+kernels::QMatrixView KvCache::KeyView(const LargePageBytes& terms, const std::vector<float>& scales, int g, int p0,
+                                      int n) const {
+  // From inside the first tile of 16 positions: its row p0 % 16 is the view's row 0.
+  const int row = p0 % kernels::kInterleavedRows;
+  return kernels::QMatrixView{
+      terms.data() + KeyAt(g, p0 - row, 0),
+      scales.data() + static_cast<size_t>(g) * static_cast<size_t>(slots_) + static_cast<size_t>(p0),
+      nullptr,
+      n,
+      head_dim_,
+      static_cast<size_t>(head_dim_),
+      KeyTileStride(),
+      64,
+      row};
+}
+
+kernels::QMatrixView KvCache::ValueView(const LargePageBytes& terms, int g, int k0, int nk, int d0, int d1) const {
+  DAISY_CHECK(k0 % 4 == 0 && nk % 4 == 0, "Bug: a value view's keys must be whole groups of 4");
+  const int row = d0 % kernels::kInterleavedRows;
+  return kernels::QMatrixView{terms.data() + ValueAt(g, k0, d0 - row),
+                              nullptr,
+                              nullptr,
+                              d1 - d0,
+                              nk,
+                              static_cast<size_t>(nk),
+                              64,
+                              ValueGroupStride(),
+                              row};
+}
+
+size_t KvCache::PositionBytes(const ModelSpec& spec) {
+  const size_t hd = static_cast<size_t>(spec.head_dim), terms = NarrowModel(spec) ? 2 : 1;
+  const size_t value_row = (hd + kernels::kInterleavedRows - 1) / kernels::kInterleavedRows * kernels::kInterleavedRows;
+  return static_cast<size_t>(spec.n_kv_heads) * (2 * hd + terms * value_row + 4 * (2 + terms));
 }
 
 KvCache KvCache::Copy() const {

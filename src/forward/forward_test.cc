@@ -256,6 +256,7 @@ TEST(Forward, KeysEnterTheCacheAsTwoInt8Terms) {
   const size_t hd = static_cast<size_t>(s.head_dim), value = (hd + 15) / 16 * 16;
   EXPECT_EQ(kv.ValueGroupStride(), 4 * value);
   EXPECT_EQ(kv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * (2 * hd + 2 * value + 4 * 4));
+  EXPECT_EQ(kv.Bytes(), 2 * ctx * KvCache::PositionBytes(s));  // what bench counts per position read
   // A wider model keeps one value term: k, k_res, v + three scales.
   ModelSpec wide = s;
   wide.hidden = kNarrowHidden + 32;
@@ -263,6 +264,7 @@ TEST(Forward, KeysEnterTheCacheAsTwoInt8Terms) {
   KvCache wkv(wide, 0, 2, ctx);
   EXPECT_TRUE(wkv.layer(0).v_res.empty());
   EXPECT_EQ(wkv.Bytes(), 2 * static_cast<size_t>(s.n_kv_heads) * ctx * (2 * hd + value + 3 * 4));
+  EXPECT_EQ(wkv.Bytes(), 2 * ctx * KvCache::PositionBytes(wide));
   // A context that is not a whole number of tiles is held in whole tiles.
   EXPECT_EQ(KvCache(s, 0, 1, 17).slots(), 32);
 }

@@ -36,7 +36,7 @@ PlanModel PlanModelFromSpec(const ModelSpec& s, int ctx, int embed_bytes_per_val
   // KV cache, per position: K as two int8 terms (the second quantizes the first's residual)
   // and V as one int8 term (two in a narrow model), each with one f32 scale per kv head;
   // value rows held in whole tiles of 16 dimensions, positions in whole tiles of 16
-  // (forward.h KvCache).
+  // (forward.h KvCache::PositionBytes; plan may not depend on forward, DESIGN.md).
   const uint64_t kv_terms = 2 + terms, heads = static_cast<uint64_t>(s.n_kv_heads);
   const uint64_t value_row = (head_dim + 15) / 16 * 16, slots = (static_cast<uint64_t>(ctx) + 15) / 16 * 16;
   layer += slots * (2 * kv + terms * heads * value_row + kv_terms * 4 * heads);
