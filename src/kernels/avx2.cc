@@ -17,9 +17,11 @@ namespace {
 
 constexpr int kPrefetchTiles = 4;
 // How far ahead of its reads the decode GEMV prefetches its weight stream. The hardware
-// prefetcher alone leaves one core's stream at about 2/3 of what it can read from memory;
-// 2-4 KiB ahead measured best (docs/KERNELS.md, "Decode GEMV").
-constexpr uintptr_t kStreamAhead = 4096;
+// prefetcher alone leaves one core's stream at about 2/3 of what it can read from memory.
+// 1 KiB: on the AMD EPYC (Zen 3) of session 22, 4 KiB held the GEMV at 0.70-0.78 of the
+// read ceiling and 1 KiB reached 0.90-0.98, on short and long rows, 1 and 2 threads
+// (docs/KERNELS.md, "Tiling").
+constexpr uintptr_t kStreamAhead = 1024;
 
 // The four horizontal sums of a0..a3 as one vector (integer adds: any order is exact).
 inline __m128i Reduce4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
@@ -182,56 +184,95 @@ __attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixVie
 
 // ---- Interleaved weights (QMatrixView::tile_stride > 0): the KV cache's keys and values ----
 // A tile's group is 16 rows x 4 bytes: widened to int16 four rows at a time and multiplied
-// with vpmaddwd by the x row's 4 bytes (widened, repeated), each int32 lane the sum of two
-// products of one row; the two lanes of a row are added once, after the last group. Two x
-// rows per pass: 8 accumulators, 4 widened weights and the x vectors in 16 ymm.
-constexpr int kInterleavedXRows = 2;
+// with vpmaddwd by the x row's 4 bytes (broadcast as a dword, widened: the 4 int16 repeated),
+// each int32 lane the sum of two products of one row; the two lanes of a row are added once,
+// after the last group. Two x rows per pass (a last odd row alone, not beside a repeated
+// one): 8 accumulators and one weight quarter in registers, the x operands read from memory.
+// Three rows per pass spilled an accumulator and ran slower.
 
-// The 16 row sums of one x row's four accumulators (rows 0-3, 4-7, 8-11, 12-15; each lane
-// pair one row), in row order.
-inline void RowSums16(const __m256i* a, int32_t* out) {
+// Lanes [lo, hi) of the 16 cells of one x row and tile: Epilogue's IEEE sequence 8 lanes at
+// a time (s = xs * ws; v = float(acc) * s; v + b), stored where the lanes hold view rows.
+inline void InterleavedEpilogue(__m256i a0, __m256i a1, __m256i a2, __m256i a3, float xs, const QMatrixView& w,
+                                float* yr, int base, int lo, int hi) {
   // hadd per 128-bit half: [r0 r1 r4 r5 | r2 r3 r6 r7]; the permutation restores row order.
   const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a[0], a[1]), order));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8),
-                      _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a[2], a[3]), order));
+  const __m256i sums[2] = {_mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a0, a1), order),
+                           _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a2, a3), order)};
+  const __m256 xsv = _mm256_set1_ps(xs);
+  for (int h = 0; h < 2; ++h) {
+    const int c0 = 8 * h;
+    if (hi <= c0 || lo >= c0 + 8) continue;
+    if (lo <= c0 && hi >= c0 + 8) {  // all 8 lanes are rows of the view: vector loads and store
+      const int j = base + c0;
+      const __m256 ws = w.scale ? _mm256_loadu_ps(w.scale + j) : _mm256_set1_ps(1.0f);
+      __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[h]), _mm256_mul_ps(xsv, ws));
+      if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + j));
+      _mm256_storeu_ps(yr + j, v);
+    } else {
+      int32_t lanes[8];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), sums[h]);
+      const int e = hi < c0 + 8 ? hi : c0 + 8;
+      for (int c = lo > c0 ? lo : c0; c < e; ++c) yr[base + c] = Epilogue(lanes[c - c0], xs, w, base + c);
+    }
+  }
+}
+
+// x rows' groups [g0, g1) as vpmaddwd operands: each row's 4 bytes of a group broadcast as a
+// dword and widened (the 4 int16 repeated), at xb[(g - g0) * R + r].
+template <int R>
+inline void WidenGroups(const int8_t* xq, size_t ldx, int g0, int g1, __m256i* xb) {
+  for (int g = g0; g < g1; ++g)
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, xq + static_cast<size_t>(r) * ldx + 4 * static_cast<size_t>(g), 4);
+      xb[(g - g0) * R + r] = _mm256_cvtepi8_epi16(_mm_set1_epi32(four));
+    }
+}
+
+// R x rows against the tiles holding columns [col_begin, col_end). The x operands are made
+// once for all tiles when they fit the stack buffer (a decode step's Q.K^T, k = head_dim;
+// its P.V up to kChunk * 4 keys), else once per tile and chunk of groups.
+template <int R>
+__attribute__((noinline)) void InterleavedPass(const int8_t* xq, const float* xscale, size_t ldx, const QMatrixView& w,
+                                               float* y, size_t ldy, int col_begin, int col_end) {
+  constexpr int kChunk = 256;
+  __m256i xb[kChunk * R];
+  const int groups = w.k / 4;
+  const bool once = groups <= kChunk;
+  if (once) WidenGroups<R>(xq, ldx, 0, groups, xb);
+  const InterleavedTiles tiles = TilesOf(w, col_begin, col_end);
+  for (int t = tiles.begin; t < tiles.end; ++t) {
+    const int8_t* tile = w.q + static_cast<size_t>(t) * w.tile_stride;
+    __m256i acc[R][4];
+    for (auto& a : acc)
+      for (__m256i& v : a) v = _mm256_setzero_si256();
+    for (int g0 = 0; g0 < groups; g0 += kChunk) {
+      const int g1 = groups - g0 < kChunk ? groups : g0 + kChunk;
+      if (!once) WidenGroups<R>(xq, ldx, g0, g1, xb);
+      const int8_t* grp = tile + static_cast<size_t>(g0) * w.group_stride;
+      const __m256i* xg = xb;
+      for (int g = g0; g < g1; ++g, grp += w.group_stride, xg += R)
+        for (int q = 0; q < 4; ++q) {
+          const __m256i wv = Load16(grp + 16 * q);
+          for (int r = 0; r < R; ++r) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(xg[r], wv));
+        }
+    }
+    const auto [base, lo, hi] = LanesOf(w, t, col_begin, col_end);
+    for (int r = 0; r < R; ++r)
+      InterleavedEpilogue(acc[r][0], acc[r][1], acc[r][2], acc[r][3], xscale[r], w, y + static_cast<size_t>(r) * ldy,
+                          base, lo, hi);
+  }
 }
 
 void InterleavedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,
                         size_t ldy, int col_begin, int col_end) {
-  const int groups = w.k / 4;
-  const InterleavedTiles tiles = TilesOf(w, col_begin, col_end);
-  for (int t = tiles.begin; t < tiles.end; ++t) {
-    const int8_t* tile = w.q + static_cast<size_t>(t) * w.tile_stride;
-    const auto [base, lo, hi] = LanesOf(w, t, col_begin, col_end);
-    for (int i0 = 0; i0 < m; i0 += kInterleavedXRows) {
-      const int rows = m - i0 < kInterleavedXRows ? m - i0 : kInterleavedXRows;
-      // A missing second row repeats the first: valid memory, results discarded.
-      const int8_t* xr[kInterleavedXRows];
-      for (int r = 0; r < kInterleavedXRows; ++r) xr[r] = xq + static_cast<size_t>(i0 + (r < rows ? r : 0)) * ldx;
-      __m256i acc[kInterleavedXRows][4];
-      for (auto& a : acc)
-        for (__m256i& v : a) v = _mm256_setzero_si256();
-      for (int g = 0; g < groups; ++g) {
-        const int8_t* grp = tile + static_cast<size_t>(g) * w.group_stride;
-        __m256i wv[4];
-        for (int q = 0; q < 4; ++q) wv[q] = Load16(grp + 16 * q);
-        for (int r = 0; r < kInterleavedXRows; ++r) {
-          int32_t four;
-          std::memcpy(&four, xr[r] + 4 * g, 4);
-          const __m256i xv = _mm256_broadcastq_epi64(_mm_cvtepi8_epi16(_mm_cvtsi32_si128(four)));
-          for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(xv, wv[q]));
-        }
-      }
-      for (int r = 0; r < rows; ++r) {
-        int32_t sums[kInterleavedRows];
-        RowSums16(acc[r], sums);
-        float* yr = y + static_cast<size_t>(i0 + r) * ldy;
-        for (int c = lo; c < hi; ++c) yr[base + c] = Epilogue(sums[c], xscale[i0 + r], w, base + c);
-      }
-    }
-  }
+  int i = 0;
+  for (; i + 2 <= m; i += 2)
+    InterleavedPass<2>(xq + static_cast<size_t>(i) * ldx, xscale + i, ldx, w, y + static_cast<size_t>(i) * ldy, ldy,
+                       col_begin, col_end);
+  if (i < m)
+    InterleavedPass<1>(xq + static_cast<size_t>(i) * ldx, xscale + i, ldx, w, y + static_cast<size_t>(i) * ldy, ldy,
+                       col_begin, col_end);
 }
 
 }  // namespace

@@ -77,8 +77,9 @@ ReadBandwidth SummarizeReadPasses(std::span<std::vector<double>> seconds_per_kin
 // Bumped whenever a unit's code, or the memory its products read, changes, so cached timings
 // of older units are not trusted (5: weights and KV caches in large-page memory; 6: the
 // decode GEMV in a one-row path of its own, eight rows at a time; 7: attention over the KV
-// cache's interleaved layouts).
-constexpr int kKernelVersion = 7;
+// cache's interleaved layouts; 8: avx2 prefetches its GEMV stream 1 KiB ahead, not 4, and
+// reads interleaved layouts two x rows a pass with a vector epilogue).
+constexpr int kKernelVersion = 8;
 // A stable description of this CPU (x86: vendor, family/model/stepping and brand string;
 // arm64: MIDR where readable): cached timings are valid only on the same model.
 std::string CpuModelKey();
