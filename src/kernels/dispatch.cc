@@ -73,9 +73,13 @@ constexpr int kBlockAlign = 32;
 // descheduled (other processes, big.LITTLE cores) holds up at most one small block.
 constexpr int kBlocksPerThread = 4;
 // Products of at most this many x rows (a decode step's) split their columns into one run
-// per thread (RunFromEnds), claimed kEndsChunk columns at a time.
+// per thread (RunFromEnds), claimed a chunk at a time: 16 columns for one x row (the GEMV's
+// one-row paths take 8 rows at a time), whole groups of kBlockAlign for more. A product ends
+// when its last chunk does, so the chunk bounds the threads' imbalance: on the 2-core Zen 3
+// EPYC, SmolLM-sized decode products at 2 threads streamed 0.80-0.86 of the read ceiling in
+// chunks of 64 columns and 0.85-0.88 in chunks of 16 (docs/KERNELS.md, "Threads").
 constexpr int kEndsMaxRows = 4;
-constexpr int kEndsChunk = 2 * kBlockAlign;
+constexpr int kEndsChunkOneRow = 16;
 constexpr int kMaxEndSegments = 32;  // at most this many threads take part in a decode product
 
 std::atomic<uint8_t> g_fault_mask{0};
@@ -327,6 +331,7 @@ void RunColumnBlock(void* ctx, int t) {
 struct EndsTask {
   ProductTask p;
   int segments;
+  int chunk;  // columns per claim
   // Each segment's [lo, hi) in chunks, packed in one word so both ends claim atomically;
   // one cache line each, so the owners' claims do not contend.
   struct alignas(64) Ends {
@@ -349,8 +354,8 @@ bool ClaimChunk(std::atomic<uint64_t>& ends, bool from_high, uint32_t* chunk) {
 void RunFromEnds(void* ctx, int t) {
   auto& e = *static_cast<EndsTask*>(ctx);
   auto run = [&](uint32_t c) {
-    const int c0 = static_cast<int>(c) * kEndsChunk;
-    const int c1 = std::min(e.p.w->n, c0 + kEndsChunk);
+    const int c0 = static_cast<int>(c) * e.chunk;
+    const int c1 = std::min(e.p.w->n, c0 + e.chunk);
     e.p.fn(e.p.xq, e.p.xscale, e.p.m, e.p.ldx, *e.p.w, e.p.y, e.p.ldy, c0, c1);
   };
   uint32_t c;
@@ -435,8 +440,8 @@ void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size
   }
   if (m <= kEndsMaxRows) {
     // A decode product streams its weights once: one run per thread (RunFromEnds).
-    EndsTask e{task, std::min(threads, kMaxEndSegments), {}};
-    const int chunks = (w.n + kEndsChunk - 1) / kEndsChunk;
+    EndsTask e{task, std::min(threads, kMaxEndSegments), m == 1 ? kEndsChunkOneRow : kBlockAlign, {}};
+    const int chunks = (w.n + e.chunk - 1) / e.chunk;
     for (int s = 0; s < e.segments; ++s) {
       const auto lo = static_cast<uint64_t>(chunks * s / e.segments);
       const auto hi = static_cast<uint64_t>(chunks * (s + 1) / e.segments);
