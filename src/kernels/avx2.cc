@@ -19,7 +19,7 @@ constexpr int kPrefetchTiles = 4;
 // How far ahead of its reads the decode GEMV prefetches its weight stream. The hardware
 // prefetcher alone leaves one core's stream at about 2/3 of what it can read from memory.
 // 1 KiB: on the AMD EPYC (Zen 3) of session 22, 4 KiB held the GEMV at 0.70-0.78 of the
-// read ceiling and 1 KiB reached 0.90-0.98, on short and long rows, 1 and 2 threads
+// read ceiling and 1 KiB reached 0.88-1.05, on short and long rows, 1 and 2 threads
 // (docs/KERNELS.md, "Tiling").
 constexpr uintptr_t kStreamAhead = 1024;
 
