@@ -144,6 +144,14 @@ inline float Epilogue(int32_t acc, float xs, const QMatrixView& w, int j) {
   return v;
 }
 
+// Epilogue for the 8 cells y[j .. j + 8) at once, lane by lane the same IEEE sequence.
+inline void Epilogue8(__m256i acc, __m256 xsv, const QMatrixView& w, int j, float* y) {
+  const __m256 ws = w.scale ? _mm256_loadu_ps(w.scale + j) : _mm256_set1_ps(1.0f);
+  __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(xsv, ws));
+  if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + j));
+  _mm256_storeu_ps(y + j, v);
+}
+
 // One x row against the weight rows [j0, j1): the decode GEMV. RowSum16's stream (rows one
 // after the other, the prefetch kStreamAhead bytes ahead), eight rows at a time, their sums
 // reduced and their epilogue done in one vector: Epilogue's IEEE sequence lane by lane (s =
@@ -165,10 +173,7 @@ __attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixVie
     const __m256i t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
     const __m256i acc =
         _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
-    const __m256 ws = w.scale ? _mm256_loadu_ps(w.scale + j) : _mm256_set1_ps(1.0f);
-    __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(xsv, ws));
-    if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + j));
-    _mm256_storeu_ps(y + j, v);
+    Epilogue8(acc, xsv, w, j, y);
   }
   // The last rows (all of them when k is not a multiple of 16): RowByRow, four at a time.
   for (; j < j1; j += kNr) {
@@ -190,8 +195,8 @@ __attribute__((noinline)) void Gemv(const int8_t* xr, float xs, const QMatrixVie
 // one): 8 accumulators and one weight quarter in registers, the x operands read from memory.
 // Three rows per pass spilled an accumulator and ran slower.
 
-// Lanes [lo, hi) of the 16 cells of one x row and tile: Epilogue's IEEE sequence 8 lanes at
-// a time (s = xs * ws; v = float(acc) * s; v + b), stored where the lanes hold view rows.
+// Lanes [lo, hi) of the 16 cells of one x row and tile: Epilogue8 where all 8 lanes of a
+// half hold view rows, Epilogue lane by lane where only some do.
 inline void InterleavedEpilogue(__m256i a0, __m256i a1, __m256i a2, __m256i a3, float xs, const QMatrixView& w,
                                 float* yr, int base, int lo, int hi) {
   // hadd per 128-bit half: [r0 r1 r4 r5 | r2 r3 r6 r7]; the permutation restores row order.
@@ -202,12 +207,8 @@ inline void InterleavedEpilogue(__m256i a0, __m256i a1, __m256i a2, __m256i a3, 
   for (int h = 0; h < 2; ++h) {
     const int c0 = 8 * h;
     if (hi <= c0 || lo >= c0 + 8) continue;
-    if (lo <= c0 && hi >= c0 + 8) {  // all 8 lanes are rows of the view: vector loads and store
-      const int j = base + c0;
-      const __m256 ws = w.scale ? _mm256_loadu_ps(w.scale + j) : _mm256_set1_ps(1.0f);
-      __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[h]), _mm256_mul_ps(xsv, ws));
-      if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + j));
-      _mm256_storeu_ps(yr + j, v);
+    if (lo <= c0 && hi >= c0 + 8) {  // all 8 lanes are rows of the view
+      Epilogue8(sums[h], xsv, w, base + c0, yr);
     } else {
       int32_t lanes[8];
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), sums[h]);

@@ -73,12 +73,14 @@ constexpr int kBlockAlign = 32;
 // descheduled (other processes, big.LITTLE cores) holds up at most one small block.
 constexpr int kBlocksPerThread = 4;
 // Products of at most this many x rows (a decode step's) split their columns into one run
-// per thread (RunFromEnds), claimed a chunk at a time: 16 columns for one x row (the GEMV's
-// one-row paths take 8 rows at a time), whole groups of kBlockAlign for more. A product ends
-// when its last chunk does, so the chunk bounds the threads' imbalance: on the 2-core Zen 3
-// EPYC, SmolLM-sized decode products at 2 threads streamed 0.80-0.86 of the read ceiling in
-// chunks of 64 columns and 0.85-0.88 in chunks of 16 (docs/KERNELS.md, "Threads").
+// per thread (RunFromEnds), claimed a chunk at a time: kEndsChunk columns, or 16 for one x
+// row (the GEMV's one-row paths take 8 rows at a time). A product ends when its last chunk
+// does, so the chunk bounds the threads' imbalance: on the 2-core Zen 3 EPYC, SmolLM-sized
+// decode products at 2 threads streamed 0.80-0.86 of the read ceiling in chunks of 64
+// columns and 0.85-0.88 in chunks of 16 (docs/KERNELS.md, "Threads"). 2-4 rows (drafts
+// scored in a lap) were not measured and keep 64.
 constexpr int kEndsMaxRows = 4;
+constexpr int kEndsChunk = 2 * kBlockAlign;
 constexpr int kEndsChunkOneRow = 16;
 constexpr int kMaxEndSegments = 32;  // at most this many threads take part in a decode product
 
@@ -440,7 +442,7 @@ void RunProduct(MatMulQFn fn, const int8_t* xq, const float* xscale, int m, size
   }
   if (m <= kEndsMaxRows) {
     // A decode product streams its weights once: one run per thread (RunFromEnds).
-    EndsTask e{task, std::min(threads, kMaxEndSegments), m == 1 ? kEndsChunkOneRow : kBlockAlign, {}};
+    EndsTask e{task, std::min(threads, kMaxEndSegments), m == 1 ? kEndsChunkOneRow : kEndsChunk, {}};
     const int chunks = (w.n + e.chunk - 1) / e.chunk;
     for (int s = 0; s < e.segments; ++s) {
       const auto lo = static_cast<uint64_t>(chunks * s / e.segments);
