@@ -131,6 +131,22 @@ void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMa
 void MatMulQ(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y, size_t ldy,
              ProductShape shape);
 
+// Memory the calling thread's interleaved products (attention's, against the KV cache) read
+// ahead into cache, a line at a time between their groups of weights, range after range in
+// order, until all are covered or the ranges are replaced; none stops it. A decode step's
+// attention is compute-bound while the memory idles, so the forward pass names what comes
+// next: the following heads' keys and values, then the weights of the product after
+// attention (docs/KERNELS.md, Figures, "Reading ahead during attention"). Only a hint: no
+// bit depends on it, a range past a buffer is harmless (a prefetch never faults), and
+// backends without a measured gain from it ignore it (the avx2 unit follows it). At most
+// kMaxPrefetchRanges ranges; later ones are dropped.
+struct PrefetchRange {
+  const void* begin = nullptr;
+  size_t bytes = 0;
+};
+inline constexpr int kMaxPrefetchRanges = 16;
+void PrefetchDuringProducts(std::span<const PrefetchRange> ranges);
+
 // Quantizes each of the m rows of x (m, k) and multiplies: y (m, n) = x . w^T.
 // Returns false when x holds a non-finite value (nothing is written then).
 bool MatMul(const float* x, int m, const QMatrixView& w, float* y);

@@ -200,6 +200,20 @@ struct AttentionArgs {
   const float* q;
   size_t q_stride;
   float* att;
+  // The bytes of the product after attention (the output projection's weights): a decode
+  // step's attention reads them into cache meanwhile (kernels::PrefetchDuringProducts).
+  const int8_t* next = nullptr;
+  size_t next_bytes = 0;
+};
+
+// kernels::PrefetchDuringProducts over `ranges` on this thread for the scope's life (ranges
+// left behind would be read ahead by the next attention on this thread).
+class PrefetchScope {
+ public:
+  explicit PrefetchScope(std::span<const kernels::PrefetchRange> ranges) { kernels::PrefetchDuringProducts(ranges); }
+  ~PrefetchScope() { kernels::PrefetchDuringProducts({}); }
+  PrefetchScope(const PrefetchScope&) = delete;
+  PrefetchScope& operator=(const PrefetchScope&) = delete;
 };
 
 // One piece of a layer's attention: KV head g (and its group of query heads) for the query
@@ -421,6 +435,76 @@ void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0,
     }
 }
 
+// A decode step's split attention (AttendDecodeSplit) cuts a head's keys, and its
+// dimensions, into runs of whole kRun-column tiles: run j of `count` over `columns` starts at
+// RunEdge(columns, count, j), and the last ends at columns.
+constexpr int kRun = 32;
+int RunEdge(int columns, int count, int j) {
+  const int tiles = (columns + kRun - 1) / kRun;
+  return std::min(columns, tiles * j / count * kRun);
+}
+
+// The bytes of KV head g's keys [p0, p1) and their residual terms (whole tiles).
+std::array<kernels::PrefetchRange, 2> KeyRanges(const AttentionArgs& a, int g, int p0, int p1) {
+  const KvCache& kv = *a.kv;
+  constexpr int kRows = kernels::kInterleavedRows;
+  const size_t at = kv.KeyAt(g, p0 / kRows * kRows, 0);
+  const size_t bytes = static_cast<size_t>((p1 + kRows - 1) / kRows - p0 / kRows) * kv.KeyTileStride();
+  return {kernels::PrefetchRange{a.cache->k.data() + at, bytes}, {a.cache->k_res.data() + at, bytes}};
+}
+
+// The bytes of KV head g's values over pc's keys, and of their second terms (none without).
+std::array<kernels::PrefetchRange, 2> ValueRanges(const AttentionArgs& a, const Piece& pc, int g) {
+  const size_t at = a.kv->ValueAt(g, pc.k0, 0);
+  const size_t bytes = static_cast<size_t>(pc.nk / 4) * a.kv->ValueGroupStride();
+  const KvCache::Layer& cache = *a.cache;
+  return {kernels::PrefetchRange{cache.v.data() + at, bytes},
+          {cache.v_res.empty() ? nullptr : cache.v_res.data() + at, cache.v_res.empty() ? 0 : bytes}};
+}
+
+// Bytes [from, to) of the ranges laid end to end, as ranges into `out` (as many as fit);
+// returns how many.
+size_t SliceRanges(std::span<const kernels::PrefetchRange> all, size_t from, size_t to,
+                   std::span<kernels::PrefetchRange> out) {
+  size_t count = 0, start = 0;
+  for (const kernels::PrefetchRange& r : all) {
+    const size_t end = start + r.bytes;
+    const size_t b = std::max(from, start), e = std::min(to, end);
+    if (b < e && count < out.size() && r.begin != nullptr)
+      out[count++] = {static_cast<const int8_t*>(r.begin) + (b - start), e - b};
+    start = end;
+  }
+  return count;
+}
+
+// What a decode step's attention reads ahead (kernels::PrefetchDuringProducts), into
+// `later`: the bytes of its tasks from `first_task` on, in task order, then the output
+// projection's weights. The tasks: Q.K^T over each head's keys in key_runs runs (head-major),
+// then P.V over each head's values in dim_runs runs; a P.V run reads lines of all of its
+// head's value groups, so its bytes are taken as that share of them.
+void LaterBytes(const AttentionArgs& a, const Piece& pc, int key_runs, int dim_runs, int first_task,
+                std::vector<kernels::PrefetchRange>& later) {
+  later.clear();
+  const int heads = a.spec->n_kv_heads;
+  const int score_tasks = heads * key_runs;
+  for (int t = first_task; t < score_tasks + heads * dim_runs; ++t) {
+    if (t < score_tasks) {
+      const int g = t / key_runs, j = t % key_runs;
+      for (const kernels::PrefetchRange& r :
+           KeyRanges(a, g, pc.k0 + RunEdge(pc.nk, key_runs, j), pc.k0 + RunEdge(pc.nk, key_runs, j + 1)))
+        later.push_back(r);
+    } else {
+      const int g = (t - score_tasks) / dim_runs, j = (t - score_tasks) % dim_runs;
+      for (const kernels::PrefetchRange& r : ValueRanges(a, pc, g)) {
+        const size_t from = r.bytes * static_cast<size_t>(j) / static_cast<size_t>(dim_runs);
+        const size_t to = r.bytes * static_cast<size_t>(j + 1) / static_cast<size_t>(dim_runs);
+        if (r.begin != nullptr) later.push_back({static_cast<const int8_t*>(r.begin) + from, to - from});
+      }
+    }
+  }
+  later.push_back({a.next, a.next_bytes});
+}
+
 // Attention of one piece, all its steps on this thread: Q.K^T, softmax, P as two int8 terms,
 // P.V. Reads only the cache and q, writes only its own heads' columns of its rows of att,
 // and computes the same bits whichever thread runs it.
@@ -506,13 +590,7 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
   // each, 2 heads on 2 threads whole (measured on the Qwen shape: splitting them anyway cost
   // more than it saved).
   const int per_head = threads / std::gcd(heads, threads);
-  constexpr int kRun = 32;
   auto runs = [per_head](int columns) { return std::min(per_head, (columns + kRun - 1) / kRun); };
-  // edge(j) of `count` runs over `columns`: whole tiles, the last run ends at columns
-  auto edge = [](int columns, int count, int j) {
-    const int tiles = (columns + kRun - 1) / kRun;
-    return std::min(columns, tiles * j / count * kRun);
-  };
   const int key_runs = runs(pc.nk), dim_runs = runs(pc.hd);
   for (int g = 0; g < heads; ++g) {
     states[static_cast<size_t>(g)].runs_left.store(key_runs, std::memory_order_relaxed);
@@ -521,7 +599,22 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
   PieceBuffers* const bufs = buffers.data();
   HeadState* const state = states.data();
   const int score_tasks = heads * key_runs;
+  const int all_tasks = score_tasks + heads * dim_runs;
+  // Each task reads ahead one share of LaterBytes from the `threads`-th task on, cut in task
+  // order: the pool's threads claim tasks in turn, so a task's share is about what its
+  // thread's next task reads. Which thread reads what ahead changes no bit.
+  thread_local std::vector<kernels::PrefetchRange> later;
+  LaterBytes(a, pc, key_runs, dim_runs, threads, later);
+  size_t later_bytes = 0;
+  for (const kernels::PrefetchRange& r : later) later_bytes += r.bytes;
+  const kernels::PrefetchRange* const later_ranges = later.data();
+  const size_t later_count = later.size();
   auto task = [&](int t) -> Status {
+    std::array<kernels::PrefetchRange, kernels::kMaxPrefetchRanges> share;
+    const size_t share_count =
+        SliceRanges({later_ranges, later_count}, later_bytes * static_cast<size_t>(t) / static_cast<size_t>(all_tasks),
+                    later_bytes * static_cast<size_t>(t + 1) / static_cast<size_t>(all_tasks), share);
+    const PrefetchScope prefetch({share.data(), share_count});
     Piece h = pc;
     if (t < score_tasks) {
       h.g = t / key_runs;
@@ -539,8 +632,8 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
       // task that finishes the head knows from its own result whether there are scores.
       Status result = QuantizeQueries(a, h, qq.data(), qs.data(), scratch.data());
       if (result.ok())
-        KeyScores(a, h, qq.data(), qs.data(), edge(pc.nk, key_runs, j), edge(pc.nk, key_runs, j + 1), b.scores.data(),
-                  b.scores_res.data());
+        KeyScores(a, h, qq.data(), qs.data(), RunEdge(pc.nk, key_runs, j), RunEdge(pc.nk, key_runs, j + 1),
+                  b.scores.data(), b.scores_res.data());
       if (st.runs_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // the head's scores are complete
         if (result.ok()) {
           StepScratch& sc = ThreadStepScratch();
@@ -555,10 +648,10 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
     const int j = (t - score_tasks) % dim_runs;
     int ready;
     while ((ready = state[h.g].ready.load(std::memory_order_acquire)) == 0) kernels::CpuRelax();
-    if (ready == 1) ValueDims(a, h, bufs[h.g], edge(pc.hd, dim_runs, j), edge(pc.hd, dim_runs, j + 1));
+    if (ready == 1) ValueDims(a, h, bufs[h.g], RunEdge(pc.hd, dim_runs, j), RunEdge(pc.hd, dim_runs, j + 1));
     return Status::Ok();
   };
-  return ParallelTasks(score_tasks + heads * dim_runs, task);
+  return ParallelTasks(all_tasks, task);
 }
 
 // Causal attention of one layer for the batch, reading keys and values from the cache
@@ -573,7 +666,13 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache& k
   const int n = static_cast<int>(positions.size());
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int tasks = blocks * spec.n_kv_heads;
-  const AttentionArgs args{&spec, &lw, &kv, &cache, &positions, q, q_stride, att};
+  // A decode step's attention reads the output projection ahead (a prefill's is compute-
+  // bound, and so is the product after it: nothing to gain there).
+  AttentionArgs args{&spec, &lw, &kv, &cache, &positions, q, q_stride, att};
+  if (n == 1) {
+    args.next = lw.o.q.data();
+    args.next_bytes = lw.o.q.size();
+  }
   const int threads = kernels::Threads();
   // Mass statistics are per thread, so a measured run stays on the caller.
   const bool pool = threads > 1 && g_mass_stats == nullptr;
@@ -589,6 +688,12 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache& k
   constexpr int64_t kMinParallel = int64_t{1} << 16;
   const int64_t work = int64_t{n} * spec.n_heads * spec.head_dim * (positions.back() + 1);
   if (tasks <= 1 || work < kMinParallel || !pool) {
+    // A decode step here reads ahead everything after its first head's keys (LaterBytes with
+    // a task per head for each product).
+    thread_local std::vector<kernels::PrefetchRange> later;
+    later.clear();
+    if (n == 1) LaterBytes(args, MakePiece(args, 0, 0), 1, 1, 1, later);
+    const PrefetchScope prefetch(later);
     for (int b = 0; b < blocks; ++b)
       for (int g = 0; g < spec.n_kv_heads; ++g) DAISY_RETURN_IF_ERROR(AttendHeadBlock(args, g, b * kQueryBlock));
     return Status::Ok();

@@ -242,6 +242,9 @@ __attribute__((noinline)) void InterleavedPass(const int8_t* xq, const float* xs
   const bool once = groups <= kChunk;
   if (once) WidenGroups<R>(xq, ldx, 0, groups, xb);
   const InterleavedTiles tiles = TilesOf(w, col_begin, col_end);
+  PrefetchCursor& cursor = ThreadPrefetchCursor();
+  uintptr_t pf = cursor.next;
+  uintptr_t pf_end = cursor.end;
   for (int t = tiles.begin; t < tiles.end; ++t) {
     const int8_t* tile = w.q + static_cast<size_t>(t) * w.tile_stride;
     __m256i acc[R][4];
@@ -252,17 +255,26 @@ __attribute__((noinline)) void InterleavedPass(const int8_t* xq, const float* xs
       if (!once) WidenGroups<R>(xq, ldx, g0, g1, xb);
       const int8_t* grp = tile + static_cast<size_t>(g0) * w.group_stride;
       const __m256i* xg = xb;
-      for (int g = g0; g < g1; ++g, grp += w.group_stride, xg += R)
+      for (int g = g0; g < g1; ++g, grp += w.group_stride, xg += R) {
+        if (pf < pf_end) {
+          // NOLINTNEXTLINE(performance-no-int-to-ptr)
+          _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
+          pf += 64;
+          if (pf >= pf_end) NextPrefetchRange(cursor, &pf, &pf_end);
+        }
         for (int q = 0; q < 4; ++q) {
           const __m256i wv = Load16(grp + 16 * q);
           for (int r = 0; r < R; ++r) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(xg[r], wv));
         }
+      }
     }
     const auto [base, lo, hi] = LanesOf(w, t, col_begin, col_end);
     for (int r = 0; r < R; ++r)
       InterleavedEpilogue(acc[r][0], acc[r][1], acc[r][2], acc[r][3], xscale[r], w, y + static_cast<size_t>(r) * ldy,
                           base, lo, hi);
   }
+  cursor.next = pf;
+  cursor.end = pf_end;
 }
 
 void InterleavedProduct(const int8_t* xq, const float* xscale, int m, size_t ldx, const QMatrixView& w, float* y,

@@ -8,8 +8,10 @@
 // generic code would execute AVX-512 instructions on a CPU without them.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "daisy/kernels.h"
 
@@ -38,6 +40,32 @@ constexpr int kMr = 4, kNr = 4, kLanes = 16;  // 16 accumulators + 4 weights + 1
 namespace wasm {
 constexpr int kMr = 2, kNr = 4, kLanes = 16;  // 8 accumulators + 4 widened weights: 16 x86 xmm
 }  // namespace wasm
+
+// The calling thread's PrefetchDuringProducts ranges, as addresses, not pointers (a range
+// may lie past a buffer; a prefetch never faults). The interleaved passes advance `next`
+// a line at a time through [next, end), then through ranges[range..count).
+struct PrefetchCursor {
+  uintptr_t next = 0, end = 0;
+  int range = 0, count = 0;
+  struct Range {
+    uintptr_t begin, end;
+  } ranges[kMaxPrefetchRanges] = {};  // a plain array: no std:: member instantiated in an ISA unit
+};
+// The calling thread's cursor (dispatch.cc): a function, not a thread_local shared through
+// this header, which would be a weak symbol of every ISA unit (the rule above).
+PrefetchCursor& ThreadPrefetchCursor();
+// [*next, *end) := c's next nonempty range, or an empty one after the last.
+static inline void NextPrefetchRange(PrefetchCursor& c, uintptr_t* next, uintptr_t* end) {
+  while (c.range < c.count) {
+    const PrefetchCursor::Range r = c.ranges[c.range++];
+    if (r.begin < r.end) {
+      *next = r.begin;
+      *end = r.end;
+      return;
+    }
+  }
+  *next = *end = 0;
+}
 
 // An interleaved view's (QMatrixView::tile_stride > 0) rows [col_begin, col_end) lie in its
 // tiles [begin, end); lane c of tile t is view row t * kInterleavedRows - first_row + c.

@@ -479,6 +479,23 @@ void Reinitialize(const BackendTable& entries) {
 
 }  // namespace internal
 
+PrefetchCursor& ThreadPrefetchCursor() {
+  thread_local PrefetchCursor cursor;
+  return cursor;
+}
+
+void PrefetchDuringProducts(std::span<const PrefetchRange> ranges) {
+  PrefetchCursor& c = ThreadPrefetchCursor();
+  c.count = static_cast<int>(std::min(ranges.size(), static_cast<size_t>(kMaxPrefetchRanges)));
+  for (int i = 0; i < c.count; ++i) {
+    const PrefetchRange& r = ranges[static_cast<size_t>(i)];
+    const auto b = reinterpret_cast<uintptr_t>(r.begin);
+    c.ranges[i] = {b, r.begin == nullptr ? b : b + r.bytes};
+  }
+  c.range = 0;
+  NextPrefetchRange(c, &c.next, &c.end);
+}
+
 std::vector<BackendStatus> BackendReport() {
   Registry& r = Reg();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -735,5 +735,44 @@ TEST(KernelsTest, ReadBandwidthSummaryTakesTheBestPassAndTheMedianOfItsKind) {
   EXPECT_GE(live.passes, 6);
 }
 
+// The avx2 unit's interleaved passes read the PrefetchDuringProducts ranges ahead a line per
+// group of weights, range after range, skipping empty ones, and no bit changes: a product of
+// 4 tiles of 16 groups advances the cursor 64 lines, 10 through the first range (640 bytes)
+// and the other 54 into the last, past one empty and one null range.
+TEST(KernelsTest, InterleavedPassesReadThePrefetchRangesAheadInOrder) {
+  const MatMulQFn avx2 = internal::EntryFor(Backend::kAvx2);
+  if (avx2 == nullptr || !StatusOf(Backend::kAvx2).supported) GTEST_SKIP() << "no avx2 unit here";
+  constexpr int kKeys = 4 * kInterleavedRows, kDim = 64;
+  std::vector<int8_t> keys(static_cast<size_t>(kKeys) * kDim), x(kDim);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<int8_t>(static_cast<int>(Mix(i) % 255) - 127);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<int8_t>(static_cast<int>(Mix(i + 7777) % 255) - 127);
+  std::vector<float> scale(kKeys, 0.25f);
+  const float xs = 0.5f;
+  // keys as KvCache lays them out: tiles of 16 keys, groups of 4 dimensions a line apart
+  const QMatrixView view{keys.data(), scale.data(), nullptr, kKeys, kDim, kDim, size_t{kInterleavedRows} * kDim, 64, 0};
+  std::vector<float> plain(kKeys), ahead(kKeys);
+  PrefetchDuringProducts({});
+  avx2(x.data(), &xs, 1, kDim, view, plain.data(), kKeys, 0, kKeys);
+
+  std::vector<int8_t> first(640), last(10000);
+  int8_t empty = 0;
+  const PrefetchRange ranges[] = {
+      {first.data(), first.size()}, {&empty, 0}, {nullptr, 4096}, {last.data(), last.size()}};
+  PrefetchDuringProducts(ranges);
+  avx2(x.data(), &xs, 1, kDim, view, ahead.data(), kKeys, 0, kKeys);
+  const PrefetchCursor& c = ThreadPrefetchCursor();
+  EXPECT_EQ(c.next, reinterpret_cast<uintptr_t>(last.data()) + 54 * 64);
+  EXPECT_EQ(c.end, reinterpret_cast<uintptr_t>(last.data()) + last.size());
+  EXPECT_EQ(0, std::memcmp(plain.data(), ahead.data(), plain.size() * sizeof(float)));
+  for (int j = 0; j < kKeys; ++j) {
+    int64_t acc = 0;
+    for (int t = 0; t < kDim; ++t) acc += int64_t{x[static_cast<size_t>(t)]} * int64_t{*view.At(j, t)};
+    const float want = static_cast<float>(acc) * (xs * 0.25f);
+    ASSERT_EQ(want, ahead[static_cast<size_t>(j)]) << "key " << j;
+  }
+  PrefetchDuringProducts({});  // stops it: nothing left to read ahead
+  EXPECT_EQ(c.next, c.end);
+}
+
 }  // namespace
 }  // namespace daisy::kernels
