@@ -146,6 +146,11 @@ struct PrefetchRange {
 };
 inline constexpr int kMaxPrefetchRanges = 16;
 void PrefetchDuringProducts(std::span<const PrefetchRange> ranges);
+// The bytes a product over an interleaved view reads: from the start of its first tile's
+// first group to the end of its last tile's last group (whole 64-byte groups; with tiles
+// interleaved inside groups, as the KV cache's values are, the lines between belong to
+// other tiles). Empty for a row-major or empty view.
+PrefetchRange InterleavedBytes(const QMatrixView& w);
 
 // Quantizes each of the m rows of x (m, k) and multiplies: y (m, n) = x . w^T.
 // Returns false when x holds a non-finite value (nothing is written then).

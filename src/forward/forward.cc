@@ -200,10 +200,6 @@ struct AttentionArgs {
   const float* q;
   size_t q_stride;
   float* att;
-  // The bytes of the product after attention (the output projection's weights): a decode
-  // step's attention reads them into cache meanwhile (kernels::PrefetchDuringProducts).
-  const int8_t* next = nullptr;
-  size_t next_bytes = 0;
 };
 
 // kernels::PrefetchDuringProducts over `ranges` on this thread for the scope's life (ranges
@@ -444,22 +440,19 @@ int RunEdge(int columns, int count, int j) {
   return std::min(columns, tiles * j / count * kRun);
 }
 
-// The bytes of KV head g's keys [p0, p1) and their residual terms (whole tiles).
-std::array<kernels::PrefetchRange, 2> KeyRanges(const AttentionArgs& a, int g, int p0, int p1) {
-  const KvCache& kv = *a.kv;
-  constexpr int kRows = kernels::kInterleavedRows;
-  const size_t at = kv.KeyAt(g, p0 / kRows * kRows, 0);
-  const size_t bytes = static_cast<size_t>((p1 + kRows - 1) / kRows - p0 / kRows) * kv.KeyTileStride();
-  return {kernels::PrefetchRange{a.cache->k.data() + at, bytes}, {a.cache->k_res.data() + at, bytes}};
+// The bytes of KV head g's keys [p0, p0 + n) and of their residual terms.
+std::array<kernels::PrefetchRange, 2> KeyRanges(const AttentionArgs& a, int g, int p0, int n) {
+  const KvCache::Layer& cache = *a.cache;
+  return {kernels::InterleavedBytes(a.kv->KeyView(cache.k, cache.k_scale, g, p0, n)),
+          kernels::InterleavedBytes(a.kv->KeyView(cache.k_res, cache.k_res_scale, g, p0, n))};
 }
 
 // The bytes of KV head g's values over pc's keys, and of their second terms (none without).
 std::array<kernels::PrefetchRange, 2> ValueRanges(const AttentionArgs& a, const Piece& pc, int g) {
-  const size_t at = a.kv->ValueAt(g, pc.k0, 0);
-  const size_t bytes = static_cast<size_t>(pc.nk / 4) * a.kv->ValueGroupStride();
   const KvCache::Layer& cache = *a.cache;
-  return {kernels::PrefetchRange{cache.v.data() + at, bytes},
-          {cache.v_res.empty() ? nullptr : cache.v_res.data() + at, cache.v_res.empty() ? 0 : bytes}};
+  return {kernels::InterleavedBytes(a.kv->ValueView(cache.v, g, pc.k0, pc.nk, 0, pc.hd)),
+          cache.v_res.empty() ? kernels::PrefetchRange{}
+                              : kernels::InterleavedBytes(a.kv->ValueView(cache.v_res, g, pc.k0, pc.nk, 0, pc.hd))};
 }
 
 // Bytes [from, to) of the ranges laid end to end, as ranges into `out` (as many as fit);
@@ -479,9 +472,9 @@ size_t SliceRanges(std::span<const kernels::PrefetchRange> all, size_t from, siz
 
 // What a decode step's attention reads ahead (kernels::PrefetchDuringProducts), into
 // `later`: the bytes of its tasks from `first_task` on, in task order, then the output
-// projection's weights. The tasks: Q.K^T over each head's keys in key_runs runs (head-major),
-// then P.V over each head's values in dim_runs runs; a P.V run reads lines of all of its
-// head's value groups, so its bytes are taken as that share of them.
+// projection's weights (the product after it: its stream then starts from cache). The tasks: Q.K^T over each head's
+// keys in key_runs runs (head-major), then P.V over each head's values in dim_runs runs; a P.V run reads lines of all
+// of its head's value groups, so its bytes are taken as that share of them.
 void LaterBytes(const AttentionArgs& a, const Piece& pc, int key_runs, int dim_runs, int first_task,
                 std::vector<kernels::PrefetchRange>& later) {
   later.clear();
@@ -490,8 +483,8 @@ void LaterBytes(const AttentionArgs& a, const Piece& pc, int key_runs, int dim_r
   for (int t = first_task; t < score_tasks + heads * dim_runs; ++t) {
     if (t < score_tasks) {
       const int g = t / key_runs, j = t % key_runs;
-      for (const kernels::PrefetchRange& r :
-           KeyRanges(a, g, pc.k0 + RunEdge(pc.nk, key_runs, j), pc.k0 + RunEdge(pc.nk, key_runs, j + 1)))
+      const int k0 = RunEdge(pc.nk, key_runs, j);
+      for (const kernels::PrefetchRange& r : KeyRanges(a, g, pc.k0 + k0, RunEdge(pc.nk, key_runs, j + 1) - k0))
         later.push_back(r);
     } else {
       const int g = (t - score_tasks) / dim_runs, j = (t - score_tasks) % dim_runs;
@@ -502,7 +495,7 @@ void LaterBytes(const AttentionArgs& a, const Piece& pc, int key_runs, int dim_r
       }
     }
   }
-  later.push_back({a.next, a.next_bytes});
+  later.push_back({a.lw->o.q.data(), a.lw->o.q.size()});
 }
 
 // Attention of one piece, all its steps on this thread: Q.K^T, softmax, P as two int8 terms,
@@ -666,13 +659,7 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache& k
   const int n = static_cast<int>(positions.size());
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int tasks = blocks * spec.n_kv_heads;
-  // A decode step's attention reads the output projection ahead (a prefill's is compute-
-  // bound, and so is the product after it: nothing to gain there).
-  AttentionArgs args{&spec, &lw, &kv, &cache, &positions, q, q_stride, att};
-  if (n == 1) {
-    args.next = lw.o.q.data();
-    args.next_bytes = lw.o.q.size();
-  }
+  const AttentionArgs args{&spec, &lw, &kv, &cache, &positions, q, q_stride, att};
   const int threads = kernels::Threads();
   // Mass statistics are per thread, so a measured run stays on the caller.
   const bool pool = threads > 1 && g_mass_stats == nullptr;
@@ -689,7 +676,8 @@ Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache& k
   const int64_t work = int64_t{n} * spec.n_heads * spec.head_dim * (positions.back() + 1);
   if (tasks <= 1 || work < kMinParallel || !pool) {
     // A decode step here reads ahead everything after its first head's keys (LaterBytes with
-    // a task per head for each product).
+    // a task per head for each product); a prefill's attention, and the product after it,
+    // are compute-bound: nothing to gain there.
     thread_local std::vector<kernels::PrefetchRange> later;
     later.clear();
     if (n == 1) LaterBytes(args, MakePiece(args, 0, 0), 1, 1, 1, later);

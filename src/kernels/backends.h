@@ -8,10 +8,8 @@
 // generic code would execute AVX-512 instructions on a CPU without them.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <utility>
 
 #include "daisy/kernels.h"
 

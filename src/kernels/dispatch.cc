@@ -496,6 +496,15 @@ void PrefetchDuringProducts(std::span<const PrefetchRange> ranges) {
   NextPrefetchRange(c, &c.next, &c.end);
 }
 
+PrefetchRange InterleavedBytes(const QMatrixView& w) {
+  if (!w.interleaved() || w.n <= 0 || w.k <= 0) return {};
+  const InterleavedTiles tiles = TilesOf(w, 0, w.n);
+  const size_t groups = static_cast<size_t>(w.k + 3) / 4;
+  const int8_t* begin = w.q + static_cast<size_t>(tiles.begin) * w.tile_stride;
+  const int8_t* end = w.q + static_cast<size_t>(tiles.end - 1) * w.tile_stride + (groups - 1) * w.group_stride + 64;
+  return {begin, static_cast<size_t>(end - begin)};
+}
+
 std::vector<BackendStatus> BackendReport() {
   Registry& r = Reg();
   std::lock_guard<std::mutex> lock(r.mu);

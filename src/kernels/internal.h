@@ -78,8 +78,9 @@ ReadBandwidth SummarizeReadPasses(std::span<std::vector<double>> seconds_per_kin
 // of older units are not trusted (5: weights and KV caches in large-page memory; 6: the
 // decode GEMV in a one-row path of its own, eight rows at a time; 7: attention over the KV
 // cache's interleaved layouts; 8: avx2 prefetches its GEMV stream 1 KiB ahead, not 4, and
-// reads interleaved layouts two x rows a pass with a vector epilogue).
-constexpr int kKernelVersion = 8;
+// reads interleaved layouts two x rows a pass with a vector epilogue; 9: its interleaved
+// passes read the PrefetchDuringProducts ranges ahead).
+constexpr int kKernelVersion = 9;
 // A stable description of this CPU (x86: vendor, family/model/stepping and brand string;
 // arm64: MIDR where readable): cached timings are valid only on the same model.
 std::string CpuModelKey();

@@ -774,5 +774,46 @@ TEST(KernelsTest, InterleavedPassesReadThePrefetchRangesAheadInOrder) {
   EXPECT_EQ(c.next, c.end);
 }
 
+// InterleavedBytes is exactly the lines holding a view's cells: from the line of its lowest
+// cell to the end of the line of its highest, for keys (tiles a group after another) and
+// values (tiles side by side in a group) as the KV cache lays them out, starting mid-tile
+// and ending mid-tile; empty for row-major and empty views.
+TEST(KernelsTest, InterleavedBytesAreTheLinesOfTheViewsCells) {
+  alignas(64) static int8_t memory[64 * 1024];
+  struct Case {
+    int n, k;
+    size_t tile_stride, group_stride;
+    int first_row;
+    size_t offset;
+  };
+  const Case cases[] = {
+      {64, 64, 1024, 64, 0, 0},     // keys: 4 tiles of 64 dimensions
+      {37, 64, 1024, 64, 5, 2048},  // keys from inside a tile to inside another
+      {64, 224, 64, 256, 0, 0},     // values: 64 dimensions over 224 keys
+      {16, 224, 64, 256, 0, 64},    // the second tile of dimensions alone
+      {20, 160, 64, 256, 3, 128},   // dimensions 3-22 of a later run
+      {1, 4, 64, 256, 15, 0},       // one cell
+  };
+  for (const Case& c : cases) {
+    const QMatrixView view{memory + c.offset,        nullptr,       nullptr,        c.n,        c.k,
+                           static_cast<size_t>(c.k), c.tile_stride, c.group_stride, c.first_row};
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (int r = 0; r < c.n; ++r)
+      for (int t = 0; t < c.k; ++t) {
+        const auto at = reinterpret_cast<uintptr_t>(view.At(r, t));
+        lo = std::min(lo, at);
+        hi = std::max(hi, at);
+      }
+    const PrefetchRange got = InterleavedBytes(view);
+    const auto begin = reinterpret_cast<uintptr_t>(got.begin);
+    EXPECT_EQ(begin, lo / 64 * 64) << "n " << c.n << " k " << c.k << " first row " << c.first_row;
+    EXPECT_EQ(begin + got.bytes, hi / 64 * 64 + 64) << "n " << c.n << " k " << c.k << " first row " << c.first_row;
+  }
+  const QMatrixView row_major{memory, nullptr, nullptr, 8, 64, 64};
+  EXPECT_EQ(InterleavedBytes(row_major).bytes, 0u);
+  QMatrixView none{memory, nullptr, nullptr, 0, 64, 64, 1024, 64, 0};
+  EXPECT_EQ(InterleavedBytes(none).bytes, 0u);
+}
+
 }  // namespace
 }  // namespace daisy::kernels
