@@ -9,7 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -78,18 +82,40 @@ class Proc {
   pid_t pid_ = -1;
 };
 
-// A TCP port that was free a moment ago on 127.0.0.1.
+// A TCP port that was free a moment ago on 127.0.0.1, taken from below the kernel's
+// ephemeral range: a port from bind(0) can be handed out again to any socket bound to port 0
+// or connecting out (the server's own internal listeners, a client polling it before it
+// listens, which can even connect to itself) before the server binds it. CI once failed
+// on exactly that: "cannot listen on 127.0.0.1:39609: Address already in use".
 inline int FreePort() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
+  int lo = 32768, hi = 60999;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+    std::fclose(f);
+  }
+  // The gap below the range if there is room, else the one above it.
+  int first = lo - 1 > 10000 ? std::max(1024, lo - 12000) : hi + 1;
+  int last = lo - 1 > 10000 ? lo - 1 : 65535;
+  if (last < first) first = 1024, last = 65535;
+  static std::atomic<unsigned> calls{0};
+  const unsigned span = static_cast<unsigned>(last - first + 1);
+  unsigned at = (static_cast<unsigned>(::getpid()) * 2654435761u +
+                 static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()) +
+                 calls.fetch_add(1) * 7919u) %
+                span;
+  for (int tries = 0; tries < 500; ++tries, at = (at + 7919u) % span) {
+    const int port = first + static_cast<int>(at);
+    int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) break;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(s);
+    if (free) return port;
+  }
+  return 0;  // nothing free: the caller's listen fails and says so
 }
 
 }  // namespace daisy::e2e

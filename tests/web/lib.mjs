@@ -49,16 +49,37 @@ export function requireChromium(file) {
 }
 
 // A port that was free a moment ago (bind 127.0.0.1:0, read it, close).
-export function freePort() {
-  return new Promise((resolve, reject) => {
+// A port that was free a moment ago on 127.0.0.1, from below the kernel's ephemeral range:
+// a port from listen(0) can go to another socket (the server's internal listeners, a
+// client connecting out, even to itself) before the server binds it (see FreePort in
+// tests/proc_util.h).
+let freePortCalls = 0;
+function portGap() {
+  let [lo, hi] = [32768, 60999];
+  try {
+    const f = fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    if (f.length === 2 && f.every(Number.isInteger)) [lo, hi] = f;
+  } catch {}
+  if (lo - 1 > 10000) return [Math.max(1024, lo - 12000), lo - 1];
+  if (hi < 65535) return [hi + 1, 65535];
+  return [1024, 65535];
+}
+function bindsOn(port) {
+  return new Promise((resolve) => {
     const srv = net.createServer();
     srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
+    srv.on('error', () => resolve(false));
+    srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)));
   });
+}
+export async function freePort() {
+  const [first, last] = portGap();
+  const span = last - first + 1;
+  let at = (process.pid * 7919 + Date.now() + freePortCalls++ * 104729) % span;
+  for (let tries = 0; tries < 500; ++tries, at = (at + 7919) % span) {
+    if (await bindsOn(first + at)) return first + at;
+  }
+  throw new Error(`no free port between ${first} and ${last}`);
 }
 
 export function tempDir(prefix) {
