@@ -423,6 +423,11 @@ int RunBench(const BenchCliOptions& o) {
     for (int ph = 0; ph < LayerPhaseTimes::kPhases; ++ph)
       std::printf("    %-15s %10.1f %12.1f\n", LayerPhaseTimes::Name(ph), PhaseUs(decode_phases, ph),
                   PhaseUs(prefill_phases, ph));
+    if (kernels::Threads() > 1)
+      std::printf(
+          "  (a decode step on %d threads that sees 64 keys or more runs RoPE and the cache writes as the first "
+          "tasks of attention's dispatch: they count as attention)\n",
+          kernels::Threads());
     std::printf(
         "  decode: the weight products (q/k/v, output, gate/up, down) take %.0f%% of a layer's time and read "
         "%.1f GB/s while they run, %.0f%% of the ceiling; the rest of the layer reads only the KV cache\n",

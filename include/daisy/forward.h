@@ -267,7 +267,8 @@ struct LayerPhaseTimes {
   enum Phase {
     kAttentionNorm,  // the attention norm (and its rows' quantization)
     kQkv,            // the q/k/v product
-    kRopeAndCache,   // RoPE, and k and v into the KV cache
+    kRopeAndCache,   // RoPE, and k and v into the KV cache (counted in kAttention for a decode
+                     // step whose attention splits across the pool: they run in its dispatch)
     kAttention,      // softmax(Q.K^T) V over the cache
     kOutput,         // the attention output product
     kMlpNorm,        // the residual add and the MLP norm

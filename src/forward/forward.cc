@@ -190,6 +190,14 @@ void RecordMass(const float* p, const float* vscale, int n, std::span<const int8
   st.flushed_max = std::max(st.flushed_max, flushed);
 }
 
+// A decode step's RoPE and cache writes for one KV head (its query heads' RoPE, its key's, and
+// its key and value into the cache), run as the first tasks of the split attention's dispatch
+// (AttendDecodeSplit) instead of on the caller alone before it.
+struct PrepStep {
+  Status (*fn)(void* ctx, int g);
+  void* ctx;
+};
+
 // One layer's attention inputs, shared by every (KV head, query block) task.
 struct AttentionArgs {
   const ModelSpec* spec;
@@ -200,6 +208,7 @@ struct AttentionArgs {
   const float* q;
   size_t q_stride;
   float* att;
+  const PrepStep* prep = nullptr;  // AttendDecodeSplit only: each head's, before its scores
 };
 
 // kernels::PrefetchDuringProducts over `ranges` on this thread for the scope's life (ranges
@@ -562,9 +571,14 @@ Status ForRowBlocks(int n, Body& body) {
 // heads per task left 3 heads on 2 threads as 2 + 1. Runs are whole 32-column tiles; every
 // score and output column is computed as in AttendHeadBlock, so the bits are the same.
 //
-// The waits cannot deadlock: every Q.K^T task comes before every P.V task, the pool's
-// threads claim tasks in order and run a claim in order, so the tasks a P.V task waits for
-// were claimed before it and wait for nothing (run serially, the order alone suffices).
+// With a PrepStep (a.prep), each head's RoPE and cache writes come first, a task per head,
+// and its Q.K^T tasks wait for it: the caller no longer runs them alone while the other
+// threads spin (on the 2-core Zen 3, 1.8 us a layer less for the SmolLM shape's decode).
+//
+// The waits cannot deadlock: every prep task comes before every Q.K^T task and every Q.K^T
+// task before every P.V task, the pool's threads claim tasks in order and run a claim in
+// order, so the tasks a task waits for were claimed before it and wait only on tasks before
+// them (run serially, the order alone suffices).
 //
 // pc is head 0's piece: every head's has this shape (one query row).
 Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
@@ -572,7 +586,8 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
   // The caller's, shared by the tasks: each head's buffers and progress.
   struct HeadState {
     std::atomic<int> runs_left{0};
-    std::atomic<int> ready{0};  // 0: P' pending, 1: P' done, 2: failed (an earlier task reports why)
+    std::atomic<int> prepared{0};  // 0: RoPE and cache writes pending, 1: done, 2: failed
+    std::atomic<int> ready{0};     // 0: P' pending, 1: P' done, 2: failed (an earlier task reports why)
   };
   thread_local std::vector<PieceBuffers> buffers;
   thread_local std::vector<HeadState> states;  // atomics: built anew when too few, never moved
@@ -585,12 +600,17 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
   const int per_head = threads / std::gcd(heads, threads);
   auto runs = [per_head](int columns) { return std::min(per_head, (columns + kRun - 1) / kRun); };
   const int key_runs = runs(pc.nk), dim_runs = runs(pc.hd);
+  const PrepStep* const prep = a.prep;
   for (int g = 0; g < heads; ++g) {
     states[static_cast<size_t>(g)].runs_left.store(key_runs, std::memory_order_relaxed);
+    states[static_cast<size_t>(g)].prepared.store(prep == nullptr ? 1 : 0, std::memory_order_relaxed);
     states[static_cast<size_t>(g)].ready.store(0, std::memory_order_relaxed);
   }
   PieceBuffers* const bufs = buffers.data();
   HeadState* const state = states.data();
+  // With a PrepStep, tasks [0, heads) are the heads' RoPE and cache writes; the product
+  // tasks follow (task numbers below count from there).
+  const int prep_tasks = prep == nullptr ? 0 : heads;
   const int score_tasks = heads * key_runs;
   const int all_tasks = score_tasks + heads * dim_runs;
   // Each task reads ahead one share of LaterBytes from the `threads`-th task on, cut in task
@@ -603,6 +623,12 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
   const kernels::PrefetchRange* const later_ranges = later.data();
   const size_t later_count = later.size();
   auto task = [&](int t) -> Status {
+    if (t < prep_tasks) {
+      Status st = prep->fn(prep->ctx, t);
+      state[t].prepared.store(st.ok() ? 1 : 2, std::memory_order_release);
+      return st;
+    }
+    t -= prep_tasks;
     std::array<kernels::PrefetchRange, kernels::kMaxPrefetchRanges> share;
     const size_t share_count =
         SliceRanges({later_ranges, later_count}, later_bytes * static_cast<size_t>(t) / static_cast<size_t>(all_tasks),
@@ -621,19 +647,24 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
       qq.resize(b.qq.size());
       qs.resize(b.qs.size());
       scratch.resize(static_cast<size_t>(pc.hd));
+      // The head's query and key after RoPE, its key and value in the cache: its prep task
+      // (an earlier task, so this wait cannot deadlock, as below). A failed one reports why.
+      int prepared;
+      while ((prepared = st.prepared.load(std::memory_order_acquire)) == 0) kernels::CpuRelax();
       // Every task of the head quantizes the same rows, so all of them fail or none does: the
       // task that finishes the head knows from its own result whether there are scores.
-      Status result = QuantizeQueries(a, h, qq.data(), qs.data(), scratch.data());
-      if (result.ok())
+      Status result = prepared == 1 ? QuantizeQueries(a, h, qq.data(), qs.data(), scratch.data()) : Status::Ok();
+      const bool scores = prepared == 1 && result.ok();
+      if (scores)
         KeyScores(a, h, qq.data(), qs.data(), RunEdge(pc.nk, key_runs, j), RunEdge(pc.nk, key_runs, j + 1),
                   b.scores.data(), b.scores_res.data());
       if (st.runs_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // the head's scores are complete
-        if (result.ok()) {
+        if (scores) {
           StepScratch& sc = ThreadStepScratch();
           sc.Size(h);
           result = Probabilities(a, h, b, sc);
         }
-        st.ready.store(result.ok() ? 1 : 2, std::memory_order_release);
+        st.ready.store(scores && result.ok() ? 1 : 2, std::memory_order_release);
       }
       return result;
     }
@@ -644,7 +675,20 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
     if (ready == 1) ValueDims(a, h, bufs[h.g], RunEdge(pc.hd, dim_runs, j), RunEdge(pc.hd, dim_runs, j + 1));
     return Status::Ok();
   };
-  return ParallelTasks(all_tasks, task);
+  return ParallelTasks(prep_tasks + all_tasks, task);
+}
+
+// Whether the kernels' pool takes a layer's attention (mass statistics are per thread, so a
+// measured run stays on the caller).
+bool AttentionOnPool() {
+  return kernels::Threads() > 1 && g_mass_stats == nullptr;
+}
+
+// Whether a decode step's attention splits across the pool (AttendDecodeSplit): it sees at
+// least this many keys; below that, the passes' wake-ups cost more than they save.
+bool DecodeSplits(const AttentionArgs& a) {
+  constexpr int kMinSplitKeys = 64;
+  return a.positions->size() == 1 && AttentionOnPool() && MakePiece(a, 0, 0).nk >= kMinSplitKeys;
 }
 
 // Causal attention of one layer for the batch, reading keys and values from the cache
@@ -653,23 +697,18 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
 // The (KV head, query block) pieces are independent, so a prefill's run across the kernels'
 // pool (softmax and P's quantization took half of a serial prefill); each piece's products
 // then run on its own thread. A decode step past a short context splits its heads' work
-// across the pool (AttendDecodeSplit). Same bits either way.
+// across the pool (AttendDecodeSplit). Same bits either way. `prep`: the heads' RoPE and cache
+// writes, given exactly when DecodeSplits (the caller ran them before otherwise).
 Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache& kv, const KvCache::Layer& cache,
-                 const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att) {
+                 const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att,
+                 const PrepStep* prep) {
   const int n = static_cast<int>(positions.size());
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int tasks = blocks * spec.n_kv_heads;
-  const AttentionArgs args{&spec, &lw, &kv, &cache, &positions, q, q_stride, att};
-  const int threads = kernels::Threads();
-  // Mass statistics are per thread, so a measured run stays on the caller.
-  const bool pool = threads > 1 && g_mass_stats == nullptr;
-  // A decode step seeing at least this many keys splits across the pool; below it the three
-  // passes' wake-ups cost more than they save.
-  constexpr int kMinSplitKeys = 64;
-  if (pool && n == 1) {
-    const Piece first = MakePiece(args, 0, 0);
-    if (first.nk >= kMinSplitKeys) return AttendDecodeSplit(args, first, threads);
-  }
+  const AttentionArgs args{&spec, &lw, &kv, &cache, &positions, q, q_stride, att, prep};
+  const bool pool = AttentionOnPool();
+  if (DecodeSplits(args)) return AttendDecodeSplit(args, MakePiece(args, 0, 0), kernels::Threads());
+  if (prep != nullptr) return Internal("Bug: a PrepStep for an attention that does not split");
   // Below this many query-key-dimension products a piece is too small to be worth waking
   // the pool.
   constexpr int64_t kMinParallel = int64_t{1} << 16;
@@ -793,19 +832,11 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   // RoPE on q and k, then k and v enter the cache, per (position, kv head): k as two int8
   // terms (the second quantizes the first's residual, computed in f32 element by element), v
   // as one (two in a narrow model), each quantized into scratch and then scattered into the
-  // cache's interleaved layouts (KvCache::KeyAt, ValueAt). Rows run in blocks that end on
-  // multiples of kCacheBlock positions, whole tiles of keys and groups of values, so the
-  // lines a block writes are its own: blocks on different threads never share one.
+  // cache's interleaved layouts (KvCache::KeyAt, ValueAt). Each (position, kv head) is its
+  // own work: its query heads' RoPE, its key's, and its key and value into the cache.
   const bool v_two_terms = !cache.v_res.empty();
-  constexpr int kCacheBlock = 64;
-  static_assert(kCacheBlock % kernels::kInterleavedRows == 0, "a block holds whole tiles of keys");
-  const int p0 = pos[0];
-  const int first_block_rows = std::min(n, kCacheBlock - p0 % kCacheBlock);
-  const int blocks = 1 + (n - first_block_rows + kCacheBlock - 1) / kCacheBlock;
-  auto rope_and_cache = [&](int b) -> Status {
-    const int i0 = b == 0 ? 0 : first_block_rows + (b - 1) * kCacheBlock;
-    const int i1 = b == 0 ? first_block_rows : std::min(n, i0 + kCacheBlock);
-    // Scratch per thread (blocks may run on any of the pool's threads).
+  auto rope_and_cache_head = [&](int i, int g) -> Status {
+    // Scratch per thread (this may run on any of the pool's threads).
     thread_local std::vector<int8_t> terms;  // k, k_res, v, v_res of one (position, kv head)
     thread_local std::vector<float> kr;
     terms.resize(4 * static_cast<size_t>(hd));
@@ -814,48 +845,73 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     int8_t* const k2 = k1 + hd;
     int8_t* const v1 = k2 + hd;
     int8_t* const v2 = v1 + hd;
-    for (int i = i0; i < i1; ++i) {
-      float* row = qkv_rows + static_cast<size_t>(i) * qkv_dim;
-      if (!s.learned_positions) {
-        const float* c = &cos[static_cast<size_t>(i) * half];
-        const float* sn = &sin[static_cast<size_t>(i) * half];
-        for (int hh = 0; hh < s.n_heads + s.n_kv_heads; ++hh) ops::Rope(row + hh * hd, hd, c, sn);
-      }
-      const int p = pos[static_cast<size_t>(i)];
-      const float* krow = row + q_dim;
-      const float* vrow = krow + kv_dim;
-      for (int g = 0; g < s.n_kv_heads; ++g) {
-        const size_t slot = static_cast<size_t>(g) * static_cast<size_t>(kv.slots()) + static_cast<size_t>(p);
-        if (!kernels::QuantizeRowTwoTerms(krow + g * hd, hd, k1, &cache.k_scale[slot], k2, &cache.k_res_scale[slot],
-                                          kr.data()))
-          return DataLoss(At(l, p) + ": non-finite key; refused");
-        const bool v_ok = v_two_terms ? kernels::QuantizeRowTwoTerms(vrow + g * hd, hd, v1, &cache.v_scale[slot], v2,
-                                                                     &cache.v_res_scale[slot], kr.data())
-                                      : kernels::QuantizeRow(vrow + g * hd, hd, v1, &cache.v_scale[slot]);
-        if (!v_ok) return DataLoss(At(l, p) + ": non-finite value; refused");
-        // A key's groups of 4 dimensions lie a line apart; a value's bytes 4 apart.
-        for (int d = 0; d < hd; d += 4) {
-          const size_t at = kv.KeyAt(g, p, d);
-          std::memcpy(&cache.k[at], k1 + d, 4);
-          std::memcpy(&cache.k_res[at], k2 + d, 4);
-        }
-        for (int d = 0; d < hd; ++d) {
-          const size_t at = kv.ValueAt(g, p, d);
-          cache.v[at] = v1[d];
-          if (v_two_terms) cache.v_res[at] = v2[d];
-        }
-      }
+    float* row = qkv_rows + static_cast<size_t>(i) * qkv_dim;
+    const int group = s.n_heads / s.n_kv_heads;
+    if (!s.learned_positions) {
+      const float* c = &cos[static_cast<size_t>(i) * half];
+      const float* sn = &sin[static_cast<size_t>(i) * half];
+      for (int hh = g * group; hh < (g + 1) * group; ++hh) ops::Rope(row + hh * hd, hd, c, sn);
+      ops::Rope(row + (s.n_heads + g) * hd, hd, c, sn);
+    }
+    const int p = pos[static_cast<size_t>(i)];
+    const float* krow = row + q_dim;
+    const float* vrow = krow + kv_dim;
+    const size_t slot = static_cast<size_t>(g) * static_cast<size_t>(kv.slots()) + static_cast<size_t>(p);
+    if (!kernels::QuantizeRowTwoTerms(krow + g * hd, hd, k1, &cache.k_scale[slot], k2, &cache.k_res_scale[slot],
+                                      kr.data()))
+      return DataLoss(At(l, p) + ": non-finite key; refused");
+    const bool v_ok = v_two_terms ? kernels::QuantizeRowTwoTerms(vrow + g * hd, hd, v1, &cache.v_scale[slot], v2,
+                                                                 &cache.v_res_scale[slot], kr.data())
+                                  : kernels::QuantizeRow(vrow + g * hd, hd, v1, &cache.v_scale[slot]);
+    if (!v_ok) return DataLoss(At(l, p) + ": non-finite value; refused");
+    // A key's groups of 4 dimensions lie a line apart; a value's bytes 4 apart.
+    for (int d = 0; d < hd; d += 4) {
+      const size_t at = kv.KeyAt(g, p, d);
+      std::memcpy(&cache.k[at], k1 + d, 4);
+      std::memcpy(&cache.k_res[at], k2 + d, 4);
+    }
+    for (int d = 0; d < hd; ++d) {
+      const size_t at = kv.ValueAt(g, p, d);
+      cache.v[at] = v1[d];
+      if (v_two_terms) cache.v_res[at] = v2[d];
     }
     return Status::Ok();
   };
-  if (blocks <= 1 || kernels::Threads() <= 1) {
-    for (int b = 0; b < blocks; ++b) DAISY_RETURN_IF_ERROR(rope_and_cache(b));
+  const AttentionArgs decode_args{&s, &lw, &kv, &cache, &pos, qkv_rows, static_cast<size_t>(qkv_dim), att.data()};
+  if (DecodeSplits(decode_args)) {
+    // A decode step's attention splits across the pool: each head's RoPE and cache writes are
+    // the first tasks of its dispatch (AttendDecodeSplit), so the caller no longer runs them
+    // alone while the other threads wait (the phase clocks count them as attention).
+    auto head = [&](int g) { return rope_and_cache_head(0, g); };
+    const PrepStep prep{[](void* c, int g) { return (*static_cast<decltype(head)*>(c))(g); }, &head};
+    clock.Mark(LayerPhaseTimes::kRopeAndCache);
+    DAISY_RETURN_IF_ERROR(Attention(s, lw, kv, cache, pos, qkv_rows, static_cast<size_t>(qkv_dim), att.data(), &prep));
   } else {
-    DAISY_RETURN_IF_ERROR(ParallelTasks(blocks, rope_and_cache));
+    // Rows run in blocks that end on multiples of kCacheBlock positions, whole tiles of keys
+    // and groups of values, so the lines a block writes are its own: blocks on different
+    // threads never share one.
+    constexpr int kCacheBlock = 64;
+    static_assert(kCacheBlock % kernels::kInterleavedRows == 0, "a block holds whole tiles of keys");
+    const int p0 = pos[0];
+    const int first_block_rows = std::min(n, kCacheBlock - p0 % kCacheBlock);
+    const int blocks = 1 + (n - first_block_rows + kCacheBlock - 1) / kCacheBlock;
+    auto rope_and_cache = [&](int b) -> Status {
+      const int i0 = b == 0 ? 0 : first_block_rows + (b - 1) * kCacheBlock;
+      const int i1 = b == 0 ? first_block_rows : std::min(n, i0 + kCacheBlock);
+      for (int i = i0; i < i1; ++i)
+        for (int g = 0; g < s.n_kv_heads; ++g) DAISY_RETURN_IF_ERROR(rope_and_cache_head(i, g));
+      return Status::Ok();
+    };
+    if (blocks <= 1 || kernels::Threads() <= 1) {
+      for (int b = 0; b < blocks; ++b) DAISY_RETURN_IF_ERROR(rope_and_cache(b));
+    } else {
+      DAISY_RETURN_IF_ERROR(ParallelTasks(blocks, rope_and_cache));
+    }
+    clock.Mark(LayerPhaseTimes::kRopeAndCache);
+    // attention (causal; sliding window where the layer has one)
+    DAISY_RETURN_IF_ERROR(
+        Attention(s, lw, kv, cache, pos, qkv_rows, static_cast<size_t>(qkv_dim), att.data(), nullptr));
   }
-  clock.Mark(LayerPhaseTimes::kRopeAndCache);
-  // attention (causal; sliding window where the layer has one)
-  DAISY_RETURN_IF_ERROR(Attention(s, lw, kv, cache, pos, qkv.data(), static_cast<size_t>(qkv_dim), att.data()));
   clock.Mark(LayerPhaseTimes::kAttention);
   // output projection
   DAISY_RETURN_IF_ERROR(

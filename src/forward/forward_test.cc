@@ -590,6 +590,47 @@ TEST(Forward, NonFiniteActivationIsRefusedNamingLayerAndPosition) {
   EXPECT_NE(l.status().message().find("position 2"), std::string::npos) << l.status().message();
 }
 
+// A decode step past 64 keys on the pool runs each KV head's RoPE and cache writes as the
+// first tasks of its attention's dispatch (AttendDecodeSplit). A key that overflows there
+// (layer 0's second KV head's key projection all 3e38: finite weights, an infinite key) is refused naming its layer and
+// position, as on one thread, the other head's tasks and the waiting ones finish, and nothing is committed to the
+// cache.
+TEST(Forward, ADecodeStepsNonFiniteKeyOnThePoolIsRefusedNamingLayerAndPosition) {
+  const ModelSpec s = TinyLlamaSpec(2);
+  ASSERT_EQ(s.n_kv_heads, 2);
+  const HostTensors good = RandomTensors(s, 31);
+  HostTensors bad = good;
+  HostTensor& k = bad.at(NamesForLayer(s, 0).k);
+  for (size_t i = static_cast<size_t>(s.head_dim) * static_cast<size_t>(s.hidden); i < k.values.size(); ++i)
+    k.values[i] = 3e38f;
+  auto wg = StageWeights::FromTensors(s, good, 0, 2, false);
+  auto wb = StageWeights::FromTensors(s, bad, 0, 2, false);
+  ASSERT_TRUE(wg.ok() && wb.ok());
+  const int threads = kernels::Threads();
+  for (const int t : {3, 1}) {
+    kernels::SetThreads(t);
+    KvCache kv(s, 0, 2, 128);
+    HiddenStates h;
+    h.hidden = s.hidden;
+    h.positions.resize(70);
+    std::iota(h.positions.begin(), h.positions.end(), 0);
+    h.values.assign(70 * static_cast<size_t>(s.hidden), 0.25f);
+    for (size_t i = 0; i < h.values.size(); ++i) h.values[i] += 0.01f * static_cast<float>(i % 13);
+    ASSERT_TRUE(RunLayers(*wg, 0, 2, h, kv).ok());
+    ASSERT_EQ(kv.length(), 70);
+    HiddenStates step;
+    step.hidden = s.hidden;
+    step.positions = {70};
+    step.values.assign(h.values.begin(), h.values.begin() + s.hidden);
+    const Status st = RunLayers(*wb, 0, 2, step, kv);
+    ASSERT_FALSE(st.ok()) << t << " threads";
+    EXPECT_NE(st.message().find("layer 0, position 70: non-finite key; refused"), std::string::npos)
+        << t << " threads: " << st.message();
+    EXPECT_EQ(kv.length(), 70) << t << " threads";
+  }
+  kernels::SetThreads(threads);
+}
+
 TEST(Forward, BadInputsAreRefused) {
   const ModelSpec s = TinyLlamaSpec(2);
   LocalPipeline p = MustPipeline(s, RandomTensors(s, 23), {2}, 16);
