@@ -532,15 +532,22 @@ TEST(Forward, EmbeddingLookupIsExact) {
 
 // --- refusals -------------------------------------------------------------------------
 
+// Hidden states of positions [0, n), every value v.
+HiddenStates Positions(const ModelSpec& s, int n, float v) {
+  HiddenStates h;
+  h.hidden = s.hidden;
+  h.positions.resize(static_cast<size_t>(n));
+  std::iota(h.positions.begin(), h.positions.end(), 0);
+  h.values.assign(static_cast<size_t>(n) * static_cast<size_t>(s.hidden), v);
+  return h;
+}
+
 TEST(Forward, NonFiniteActivationIsRefusedNamingLayerAndPosition) {
   const ModelSpec s = TinyLlamaSpec(3);
   auto w = StageWeights::FromTensors(s, RandomTensors(s, 22), 1, 3, false);
   ASSERT_TRUE(w.ok());
   KvCache kv(s, 1, 3, 64);
-  HiddenStates h;
-  h.hidden = s.hidden;
-  h.positions = {0, 1, 2, 3, 4};
-  h.values.assign(5 * static_cast<size_t>(s.hidden), 0.5f);
+  HiddenStates h = Positions(s, 5, 0.5f);
   h.values[3 * static_cast<size_t>(s.hidden) + 7] = std::numeric_limits<float>::quiet_NaN();
   const Status st = RunLayers(*w, 1, 3, h, kv);
   ASSERT_FALSE(st.ok());
@@ -558,11 +565,7 @@ TEST(Forward, NonFiniteActivationIsRefusedNamingLayerAndPosition) {
   kernels::SetThreads(3);
   for (const int first_bad : {21, 37}) {
     KvCache wkv(wide, 0, 2, 64);
-    HiddenStates wh;
-    wh.hidden = wide.hidden;
-    wh.positions.resize(40);
-    std::iota(wh.positions.begin(), wh.positions.end(), 0);
-    wh.values.assign(40 * static_cast<size_t>(wide.hidden), 0.5f);
+    HiddenStates wh = Positions(wide, 40, 0.5f);
     for (const int row : {first_bad, 38})
       wh.values[static_cast<size_t>(row) * static_cast<size_t>(wide.hidden) + 300] =
           std::numeric_limits<float>::infinity();
@@ -610,11 +613,7 @@ TEST(Forward, ADecodeStepsNonFiniteKeyOnThePoolIsRefusedNamingLayerAndPosition) 
   for (const int t : {3, 1}) {
     kernels::SetThreads(t);
     KvCache kv(s, 0, 2, 128);
-    HiddenStates h;
-    h.hidden = s.hidden;
-    h.positions.resize(70);
-    std::iota(h.positions.begin(), h.positions.end(), 0);
-    h.values.assign(70 * static_cast<size_t>(s.hidden), 0.25f);
+    HiddenStates h = Positions(s, 70, 0.25f);
     for (size_t i = 0; i < h.values.size(); ++i) h.values[i] += 0.01f * static_cast<float>(i % 13);
     ASSERT_TRUE(RunLayers(*wg, 0, 2, h, kv).ok());
     ASSERT_EQ(kv.length(), 70);
