@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,7 +116,8 @@ inline int FreePort() {
     ::close(s);
     if (free) return port;
   }
-  return 0;  // nothing free: the caller's listen fails and says so
+  // 0 would let a server listen on a port of the kernel's choosing, then nobody reaches it.
+  throw std::runtime_error("FreePort: no free port between " + std::to_string(first) + " and " + std::to_string(last));
 }
 
 }  // namespace daisy::e2e

@@ -425,9 +425,9 @@ int RunBench(const BenchCliOptions& o) {
                   PhaseUs(prefill_phases, ph));
     if (kernels::Threads() > 1)
       std::printf(
-          "  (a decode step on %d threads that sees 64 keys or more runs RoPE and the cache writes as the first "
+          "  (a decode step on %d threads that sees %d keys or more runs RoPE and the cache writes as the first "
           "tasks of attention's dispatch: they count as attention)\n",
-          kernels::Threads());
+          kernels::Threads(), kDecodeSplitMinKeys);
     std::printf(
         "  decode: the weight products (q/k/v, output, gate/up, down) take %.0f%% of a layer's time and read "
         "%.1f GB/s while they run, %.0f%% of the ceiling; the rest of the layer reads only the KV cache\n",

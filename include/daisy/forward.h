@@ -263,12 +263,17 @@ void SetAttentionMassStats(AttentionMassStats* stats);
 // may run across the kernels' pool; it is timed on the caller, start to end) and counts the
 // layer runs and their rows. nullptr (the default) turns it off: then a layer pays one
 // pointer test per phase.
+// A decode step's attention that sees at least this many keys splits across the kernels'
+// pool, each KV head's RoPE and cache writes running as the first tasks of its dispatch (so
+// LayerPhaseTimes counts them as attention then); below it the caller runs everything.
+inline constexpr int kDecodeSplitMinKeys = 64;
+
 struct LayerPhaseTimes {
   enum Phase {
     kAttentionNorm,  // the attention norm (and its rows' quantization)
     kQkv,            // the q/k/v product
-    kRopeAndCache,   // RoPE, and k and v into the KV cache (counted in kAttention for a decode
-                     // step whose attention splits across the pool: they run in its dispatch)
+    kRopeAndCache,   // RoPE, and k and v into the KV cache (in kAttention past
+                     // kDecodeSplitMinKeys on the pool, above)
     kAttention,      // softmax(Q.K^T) V over the cache
     kOutput,         // the attention output product
     kMlpNorm,        // the residual add and the MLP norm

@@ -208,7 +208,10 @@ struct AttentionArgs {
   const float* q;
   size_t q_stride;
   float* att;
-  const PrepStep* prep = nullptr;  // AttendDecodeSplit only: each head's, before its scores
+  // Set exactly when a decode step's attention splits across the pool (DecodeSplits): the
+  // heads' RoPE and cache writes, which AttendDecodeSplit runs first; otherwise the caller
+  // ran them before.
+  const PrepStep* prep = nullptr;
 };
 
 // kernels::PrefetchDuringProducts over `ranges` on this thread for the scope's life (ranges
@@ -571,8 +574,8 @@ Status ForRowBlocks(int n, Body& body) {
 // heads per task left 3 heads on 2 threads as 2 + 1. Runs are whole 32-column tiles; every
 // score and output column is computed as in AttendHeadBlock, so the bits are the same.
 //
-// With a PrepStep (a.prep), each head's RoPE and cache writes come first, a task per head,
-// and its Q.K^T tasks wait for it: the caller no longer runs them alone while the other
+// Each head's RoPE and cache writes (a.prep) come first, a task per head, and its Q.K^T
+// tasks wait for it: the caller no longer runs them alone while the other
 // threads spin (on the 2-core Zen 3, 1.5 us a layer less for the SmolLM shape's decode).
 //
 // The waits cannot deadlock: every prep task comes before every Q.K^T task and every Q.K^T
@@ -600,17 +603,17 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
   const int per_head = threads / std::gcd(heads, threads);
   auto runs = [per_head](int columns) { return std::min(per_head, (columns + kRun - 1) / kRun); };
   const int key_runs = runs(pc.nk), dim_runs = runs(pc.hd);
-  const PrepStep* const prep = a.prep;
+  const PrepStep& prep = *a.prep;
   for (int g = 0; g < heads; ++g) {
     states[static_cast<size_t>(g)].runs_left.store(key_runs, std::memory_order_relaxed);
-    states[static_cast<size_t>(g)].prepared.store(prep == nullptr ? 1 : 0, std::memory_order_relaxed);
+    states[static_cast<size_t>(g)].prepared.store(0, std::memory_order_relaxed);
     states[static_cast<size_t>(g)].ready.store(0, std::memory_order_relaxed);
   }
   PieceBuffers* const bufs = buffers.data();
   HeadState* const state = states.data();
-  // With a PrepStep, tasks [0, heads) are the heads' RoPE and cache writes; the product
-  // tasks follow (task numbers below count from there).
-  const int prep_tasks = prep == nullptr ? 0 : heads;
+  // Tasks [0, heads) are the heads' RoPE and cache writes; the product tasks follow (task
+  // numbers below count from there).
+  const int prep_tasks = heads;
   const int score_tasks = heads * key_runs;
   const int all_tasks = score_tasks + heads * dim_runs;
   // Each task reads ahead one share of LaterBytes from the `threads`-th task on, cut in task
@@ -624,7 +627,7 @@ Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
   const size_t later_count = later.size();
   auto task = [&](int t) -> Status {
     if (t < prep_tasks) {
-      Status st = prep->fn(prep->ctx, t);
+      Status st = prep.fn(prep.ctx, t);
       state[t].prepared.store(st.ok() ? 1 : 2, std::memory_order_release);
       return st;
     }
@@ -685,10 +688,9 @@ bool AttentionOnPool() {
 }
 
 // Whether a decode step's attention splits across the pool (AttendDecodeSplit): it sees at
-// least this many keys; below that, the passes' wake-ups cost more than they save.
+// least kDecodeSplitMinKeys keys; below that, the passes' wake-ups cost more than they save.
 bool DecodeSplits(const AttentionArgs& a) {
-  constexpr int kMinSplitKeys = 64;
-  return a.positions->size() == 1 && AttentionOnPool() && MakePiece(a, 0, 0).nk >= kMinSplitKeys;
+  return a.positions->size() == 1 && AttentionOnPool() && MakePiece(a, 0, 0).nk >= kDecodeSplitMinKeys;
 }
 
 // Causal attention of one layer for the batch, reading keys and values from the cache
@@ -697,18 +699,15 @@ bool DecodeSplits(const AttentionArgs& a) {
 // The (KV head, query block) pieces are independent, so a prefill's run across the kernels'
 // pool (softmax and P's quantization took half of a serial prefill); each piece's products
 // then run on its own thread. A decode step past a short context splits its heads' work
-// across the pool (AttendDecodeSplit). Same bits either way. `prep`: the heads' RoPE and cache
-// writes, given exactly when DecodeSplits (the caller ran them before otherwise).
-Status Attention(const ModelSpec& spec, const LayerWeights& lw, const KvCache& kv, const KvCache::Layer& cache,
-                 const std::vector<int32_t>& positions, const float* q, size_t q_stride, float* att,
-                 const PrepStep* prep) {
+// across the pool (AttendDecodeSplit, when args.prep is set). Same bits either way.
+Status Attention(const AttentionArgs& args) {
+  const ModelSpec& spec = *args.spec;
+  const std::vector<int32_t>& positions = *args.positions;
   const int n = static_cast<int>(positions.size());
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int tasks = blocks * spec.n_kv_heads;
-  const AttentionArgs args{&spec, &lw, &kv, &cache, &positions, q, q_stride, att, prep};
   const bool pool = AttentionOnPool();
-  if (DecodeSplits(args)) return AttendDecodeSplit(args, MakePiece(args, 0, 0), kernels::Threads());
-  if (prep != nullptr) return Internal("Bug: a PrepStep for an attention that does not split");
+  if (args.prep != nullptr) return AttendDecodeSplit(args, MakePiece(args, 0, 0), kernels::Threads());
   // Below this many query-key-dimension products a piece is too small to be worth waking
   // the pool.
   constexpr int64_t kMinParallel = int64_t{1} << 16;
@@ -877,15 +876,14 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     }
     return Status::Ok();
   };
-  const AttentionArgs decode_args{&s, &lw, &kv, &cache, &pos, qkv_rows, static_cast<size_t>(qkv_dim), att.data()};
-  if (DecodeSplits(decode_args)) {
-    // A decode step's attention splits across the pool: each head's RoPE and cache writes are
-    // the first tasks of its dispatch (AttendDecodeSplit), so the caller no longer runs them
-    // alone while the other threads wait (the phase clocks count them as attention).
-    auto head = [&](int g) { return rope_and_cache_head(0, g); };
-    const PrepStep prep{[](void* c, int g) { return (*static_cast<decltype(head)*>(c))(g); }, &head};
-    clock.Mark(LayerPhaseTimes::kRopeAndCache);
-    DAISY_RETURN_IF_ERROR(Attention(s, lw, kv, cache, pos, qkv_rows, static_cast<size_t>(qkv_dim), att.data(), &prep));
+  AttentionArgs args{&s, &lw, &kv, &cache, &pos, qkv_rows, static_cast<size_t>(qkv_dim), att.data()};
+  // A decode step whose attention splits across the pool runs each head's RoPE and cache
+  // writes as the first tasks of its dispatch (AttendDecodeSplit), so the caller no longer
+  // runs them alone while the other threads wait (the phase clocks count them as attention).
+  auto head = [&](int g) { return rope_and_cache_head(0, g); };
+  const PrepStep prep{[](void* c, int g) { return (*static_cast<decltype(head)*>(c))(g); }, &head};
+  if (DecodeSplits(args)) {
+    args.prep = &prep;
   } else {
     // Rows run in blocks that end on multiples of kCacheBlock positions, whole tiles of keys
     // and groups of values, so the lines a block writes are its own: blocks on different
@@ -907,11 +905,10 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
     } else {
       DAISY_RETURN_IF_ERROR(ParallelTasks(blocks, rope_and_cache));
     }
-    clock.Mark(LayerPhaseTimes::kRopeAndCache);
-    // attention (causal; sliding window where the layer has one)
-    DAISY_RETURN_IF_ERROR(
-        Attention(s, lw, kv, cache, pos, qkv_rows, static_cast<size_t>(qkv_dim), att.data(), nullptr));
   }
+  clock.Mark(LayerPhaseTimes::kRopeAndCache);
+  // attention (causal; sliding window where the layer has one)
+  DAISY_RETURN_IF_ERROR(Attention(args));
   clock.Mark(LayerPhaseTimes::kAttention);
   // output projection
   DAISY_RETURN_IF_ERROR(

@@ -593,7 +593,7 @@ TEST(Forward, NonFiniteActivationIsRefusedNamingLayerAndPosition) {
   EXPECT_NE(l.status().message().find("position 2"), std::string::npos) << l.status().message();
 }
 
-// A decode step past 64 keys on the pool runs each KV head's RoPE and cache writes as the
+// A decode step past kDecodeSplitMinKeys keys on the pool runs each KV head's RoPE and cache writes as the
 // first tasks of its attention's dispatch (AttendDecodeSplit). A key that overflows there
 // (layer 0's second KV head's key projection all 3e38: finite weights, an infinite key) is refused naming its layer and
 // position, as on one thread, the other head's tasks and the waiting ones finish, and nothing is committed to the
@@ -601,6 +601,7 @@ TEST(Forward, NonFiniteActivationIsRefusedNamingLayerAndPosition) {
 TEST(Forward, ADecodeStepsNonFiniteKeyOnThePoolIsRefusedNamingLayerAndPosition) {
   const ModelSpec s = TinyLlamaSpec(2);
   ASSERT_EQ(s.n_kv_heads, 2);
+  ASSERT_GE(70, kDecodeSplitMinKeys) << "the step at position 70 must take the split path";
   const HostTensors good = RandomTensors(s, 31);
   HostTensors bad = good;
   HostTensor& k = bad.at(NamesForLayer(s, 0).k);

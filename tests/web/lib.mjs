@@ -48,7 +48,6 @@ export function requireChromium(file) {
   requireFile(file, 'chromium', INSTALL_HINT);
 }
 
-// A port that was free a moment ago (bind 127.0.0.1:0, read it, close).
 // A port that was free a moment ago on 127.0.0.1, from below the kernel's ephemeral range:
 // a port from listen(0) can go to another socket (the server's internal listeners, a
 // client connecting out, even to itself) before the server binds it (see FreePort in
