@@ -293,6 +293,8 @@ void SetLayerPhaseTimes(LayerPhaseTimes* times);
 // The head's first step: embedding rows (+ learned positions) of tokens at positions
 // first_position, first_position + 1, ... Refuses ids outside the vocabulary.
 Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> tokens, int first_position);
+// The same into h (its storage reused).
+Status EmbedInto(const StageWeights& w, std::span<const int32_t> tokens, int first_position, HiddenStates& h);
 
 // Runs layers [first, end) (within w's range) over `hidden` in place, reading the keys of
 // earlier positions from kv and appending this batch's. hidden.positions must start at or
@@ -356,6 +358,10 @@ class HeadStage {
   Result<std::vector<float>> Forward(std::span<const int32_t> tokens, int first_position);
   // The same, logits of every row (n_tokens, vocab).
   Result<std::vector<float>> ForwardAll(std::span<const int32_t> tokens, int first_position);
+  // Forward and ForwardAll into `logits` (resized; its storage is reused): with no rest of
+  // the ring, a decode lap then allocates nothing (the step's rows are kept here too).
+  Status Forward(std::span<const int32_t> tokens, int first_position, std::vector<float>& logits);
+  Status ForwardAll(std::span<const int32_t> tokens, int first_position, std::vector<float>& logits);
   // A prompt from position `first` (<= length(): a cached prefix is kept) in chunks of
   // `chunk` positions with up to `in_flight` chunks in the rest of the ring at once; the
   // logits of the last position. The same bits as Forward over the same chunks one at a time.
@@ -373,11 +379,12 @@ class HeadStage {
   std::span<const float> row(int i) const;
 
  private:
-  // Embedding and the head's own layers.
-  Result<HiddenStates> Local(std::span<const int32_t> tokens, int first_position);
+  // Embedding and the head's own layers, into h.
+  Status Local(std::span<const int32_t> tokens, int first_position, HiddenStates& h);
   // Checks what came back from the rest of the ring.
   Status CheckReturned(const HiddenStates& back, const std::vector<int32_t>& sent) const;
-  Result<HiddenStates> Hidden(std::span<const int32_t> tokens, int first_position);
+  // Local, then the rest of the ring: the final hidden rows, into h.
+  Status Hidden(std::span<const int32_t> tokens, int first_position, HiddenStates& h);
   // Keeps the last row of `h` as last_row_.
   void KeepLastRow(const HiddenStates& h);
   const StageWeights& head_;
@@ -385,6 +392,7 @@ class HeadStage {
   StageLink* rest_;
   std::vector<float> last_row_;  // (hidden)
   std::vector<float> rows_;      // (n_tokens, hidden) of the last ForwardAll
+  HiddenStates step_;            // Forward's rows, kept for their storage
 };
 
 // Splits layers into consecutive stages of the given sizes; stage 0 is the head (it may

@@ -983,7 +983,9 @@ Status CheckBatch(const ModelSpec& spec, const HiddenStates& h) {
   return Status::Ok();
 }
 
-Result<std::vector<float>> ReadoutRows(const StageWeights& w, const HiddenStates& h, int begin) {
+// The logits of rows [begin, n) of h into `logits` (resized: its storage is reused, and the
+// final norm's rows are this thread's, so a decode step allocates nothing here).
+Status ReadoutRows(const StageWeights& w, const HiddenStates& h, int begin, std::vector<float>& logits) {
   if (!w.has_head()) return Internal("Bug: Readout on a stage without the head");
   DAISY_RETURN_IF_ERROR(CheckBatch(w.spec(), h));
   const ModelSpec& s = w.spec();
@@ -991,14 +993,21 @@ Result<std::vector<float>> ReadoutRows(const StageWeights& w, const HiddenStates
   const int m = h.n_tokens() - begin;
   const int dim = s.hidden;
   // final norm
-  std::vector<float> xb(static_cast<size_t>(m) * dim);
+  thread_local std::vector<float> xb;
+  xb.resize(static_cast<size_t>(m) * dim);
   for (int i = 0; i < m; ++i)
     Norm(s, h.Row(begin + i).data(), head.final_norm, head.final_norm_bias, &xb[static_cast<size_t>(i) * dim]);
   // LM head
-  std::vector<float> logits(static_cast<size_t>(m) * head.lm_head.n);
+  logits.resize(static_cast<size_t>(m) * head.lm_head.n);
   if (!Product(xb.data(), m, head.lm_head, logits.data()))
     return DataLoss("readout, position " + std::to_string(h.positions[static_cast<size_t>(begin)]) +
                     ": non-finite final norm; refused");
+  return Status::Ok();
+}
+
+Result<std::vector<float>> ReadoutRows(const StageWeights& w, const HiddenStates& h, int begin) {
+  std::vector<float> logits;
+  DAISY_RETURN_IF_ERROR(ReadoutRows(w, h, begin, logits));
   return logits;
 }
 
@@ -1134,13 +1143,12 @@ const KvCache::Layer& KvCache::layer(int l) const {
 
 // --- Embed / RunLayers / Readout ------------------------------------------------------
 
-Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> tokens, int first_position) {
+Status EmbedInto(const StageWeights& w, std::span<const int32_t> tokens, int first_position, HiddenStates& h) {
   if (!w.has_head()) return Internal("Bug: Embed on a stage without the head");
   const ModelSpec& s = w.spec();
   const HeadWeights& head = w.head();
   if (tokens.empty()) return InvalidArgument("no tokens to embed");
   if (first_position < 0) return InvalidArgument("negative position");
-  HiddenStates h;
   h.hidden = s.hidden;
   h.positions.resize(tokens.size());
   h.values.resize(tokens.size() * static_cast<size_t>(s.hidden));
@@ -1163,7 +1171,12 @@ Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> token
       for (int j = 0; j < s.hidden; ++j) row[j] = row[j] + pe[j];
     }
   }
-  DAISY_RETURN_IF_ERROR(CheckFinite(h, "embedding"));
+  return CheckFinite(h, "embedding");
+}
+
+Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> tokens, int first_position) {
+  HiddenStates h;
+  DAISY_RETURN_IF_ERROR(EmbedInto(w, tokens, first_position, h));
   return h;
 }
 
@@ -1185,7 +1198,7 @@ Status RunLayers(const StageWeights& w, int first, int end, HiddenStates& hidden
   kv.Truncate(p0);
   // RoPE angles of this batch, shared by every layer and head
   const int half = s.head_dim / 2;
-  std::vector<float> cos, sin;
+  thread_local std::vector<float> cos, sin;  // this thread's: a decode step allocates nothing
   if (!s.learned_positions) {
     cos.resize(static_cast<size_t>(n) * half);
     sin.resize(static_cast<size_t>(n) * half);
@@ -1246,12 +1259,11 @@ Result<HiddenStates> StageLink::Collect() {
   return r;
 }
 
-Result<HiddenStates> HeadStage::Local(std::span<const int32_t> tokens, int first_position) {
+Status HeadStage::Local(std::span<const int32_t> tokens, int first_position, HiddenStates& h) {
   // embedding
-  DAISY_ASSIGN_OR_RETURN(HiddenStates h, Embed(head_, tokens, first_position));
+  DAISY_RETURN_IF_ERROR(EmbedInto(head_, tokens, first_position, h));
   // the head's own layers
-  DAISY_RETURN_IF_ERROR(RunLayers(head_, head_.first(), head_.end(), h, kv_));
-  return h;
+  return RunLayers(head_, head_.first(), head_.end(), h, kv_);
 }
 
 Status HeadStage::CheckReturned(const HiddenStates& back, const std::vector<int32_t>& sent) const {
@@ -1261,14 +1273,15 @@ Status HeadStage::CheckReturned(const HiddenStates& back, const std::vector<int3
   return CheckFinite(back, "returned hidden states");
 }
 
-Result<HiddenStates> HeadStage::Hidden(std::span<const int32_t> tokens, int first_position) {
-  DAISY_ASSIGN_OR_RETURN(HiddenStates h, Local(tokens, first_position));
-  if (rest_ == nullptr) return h;
+Status HeadStage::Hidden(std::span<const int32_t> tokens, int first_position, HiddenStates& h) {
+  DAISY_RETURN_IF_ERROR(Local(tokens, first_position, h));
+  if (rest_ == nullptr) return Status::Ok();
   // the rest of the ring, back to the head
   const std::vector<int32_t> sent = h.positions;
   DAISY_ASSIGN_OR_RETURN(HiddenStates back, rest_->Run(std::move(h)));
   DAISY_RETURN_IF_ERROR(CheckReturned(back, sent));
-  return back;
+  h = std::move(back);
+  return Status::Ok();
 }
 
 Result<std::vector<float>> HeadStage::Prefill(std::span<const int32_t> tokens, int chunk, int in_flight, int first) {
@@ -1281,8 +1294,8 @@ Result<std::vector<float>> HeadStage::Prefill(std::span<const int32_t> tokens, i
     std::vector<float> logits;
     for (int at = 0; at < n; at += chunk) {
       const int len = std::min(chunk, n - at);
-      DAISY_ASSIGN_OR_RETURN(logits,
-                             Forward(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), first + at));
+      DAISY_RETURN_IF_ERROR(
+          Forward(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), first + at, logits));
     }
     return logits;
   }
@@ -1292,8 +1305,8 @@ Result<std::vector<float>> HeadStage::Prefill(std::span<const int32_t> tokens, i
   HiddenStates last;
   for (int at = 0; at < n; at += chunk) {
     const int len = std::min(chunk, n - at);
-    DAISY_ASSIGN_OR_RETURN(HiddenStates h,
-                           Local(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), first + at));
+    HiddenStates h;
+    DAISY_RETURN_IF_ERROR(Local(tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(len)), first + at, h));
     outstanding.push_back(h.positions);
     DAISY_RETURN_IF_ERROR(rest_->Submit(std::move(h)));
     while (static_cast<int>(outstanding.size()) >= in_flight || (at + len >= n && !outstanding.empty())) {
@@ -1306,17 +1319,29 @@ Result<std::vector<float>> HeadStage::Prefill(std::span<const int32_t> tokens, i
   return Readout(head_, last);
 }
 
+Status HeadStage::Forward(std::span<const int32_t> tokens, int first_position, std::vector<float>& logits) {
+  DAISY_RETURN_IF_ERROR(Hidden(tokens, first_position, step_));
+  KeepLastRow(step_);
+  return ReadoutRows(head_, step_, step_.n_tokens() - 1, logits);
+}
+
+Status HeadStage::ForwardAll(std::span<const int32_t> tokens, int first_position, std::vector<float>& logits) {
+  DAISY_RETURN_IF_ERROR(Hidden(tokens, first_position, step_));
+  KeepLastRow(step_);
+  rows_.assign(step_.values.begin(), step_.values.end());
+  return ReadoutRows(head_, step_, 0, logits);
+}
+
 Result<std::vector<float>> HeadStage::Forward(std::span<const int32_t> tokens, int first_position) {
-  DAISY_ASSIGN_OR_RETURN(HiddenStates h, Hidden(tokens, first_position));
-  KeepLastRow(h);
-  return Readout(head_, h);
+  std::vector<float> logits;
+  DAISY_RETURN_IF_ERROR(Forward(tokens, first_position, logits));
+  return logits;
 }
 
 Result<std::vector<float>> HeadStage::ForwardAll(std::span<const int32_t> tokens, int first_position) {
-  DAISY_ASSIGN_OR_RETURN(HiddenStates h, Hidden(tokens, first_position));
-  KeepLastRow(h);
-  rows_ = h.values;
-  return ReadoutAll(head_, h);
+  std::vector<float> logits;
+  DAISY_RETURN_IF_ERROR(ForwardAll(tokens, first_position, logits));
+  return logits;
 }
 
 std::span<const float> HeadStage::row(int i) const {

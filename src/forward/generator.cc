@@ -31,6 +31,7 @@ Result<GenerateResult> Generator::Generate(std::span<const int32_t> prompt, cons
     return InvalidArgument("first_position " + std::to_string(first) + " is outside the cached prefix (" +
                            std::to_string(head_.length()) + " cached, prompt of " + std::to_string(n_prompt) + ")");
   GenerateResult r;
+  r.ids.reserve(static_cast<size_t>(std::min(options.max_tokens, ctx - n_prompt)));  // none per token
   r.prefill_tokens = n_prompt - first;
   // prefill: the prompt's keys enter the caches (from the first position not already
   // there); the last position's logits come back
@@ -50,6 +51,7 @@ Result<GenerateResult> Generator::Generate(std::span<const int32_t> prompt, cons
   std::vector<int32_t> seq;  // the ids so far, where drafts are looked up
   if (options.lookahead > 0) seq.assign(prompt.begin(), prompt.end());
   std::vector<int32_t> drafts;  // fed at positions pos, pos + 1, ... of the last lap
+  std::vector<int32_t> fed;     // a lap's token and drafts (its storage reused: no allocation per token)
   size_t row = 0;               // the row of `logits` that predicts position pos
   bool rows = false;            // the last lap read out every row (drafts), not only the last
   for (;;) {
@@ -79,7 +81,7 @@ Result<GenerateResult> Generator::Generate(std::span<const int32_t> prompt, cons
       continue;
     }
     // A lap from pos (forgetting rejected drafts after it): the token, then new drafts.
-    std::vector<int32_t> fed{id};
+    fed.assign(1, id);
     drafts.clear();
     if (options.lookahead > 0) {
       // The prompt and every id so far, the last one (at pos) included.
@@ -95,9 +97,9 @@ Result<GenerateResult> Generator::Generate(std::span<const int32_t> prompt, cons
     ++r.decode_laps;
     rows = !drafts.empty();
     if (rows) {
-      DAISY_ASSIGN_OR_RETURN(logits, head_.ForwardAll(fed, pos));
+      DAISY_RETURN_IF_ERROR(head_.ForwardAll(fed, pos, logits));
     } else {
-      DAISY_ASSIGN_OR_RETURN(logits, head_.Forward(fed, pos));
+      DAISY_RETURN_IF_ERROR(head_.Forward(fed, pos, logits));
     }
     row = 0;
     ++pos;

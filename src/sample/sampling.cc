@@ -102,7 +102,8 @@ int32_t SampleTokenWithCoin(std::span<const float> logits, const SamplingParams&
   if (std::isinf(max_logit) || std::isnan(max_logit)) return best;
 
   // Weights in f32: w_i = exp((l_i - max) / T) <= 1, NaN weighs 0.
-  std::vector<float> w(static_cast<size_t>(n));
+  thread_local std::vector<float> w;  // this thread's: sampling a token allocates nothing
+  w.resize(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
     const float l = logits[i];
     w[i] = std::isnan(l) ? 0.0f : detmath::Exp((l - max_logit) / params.temperature);
@@ -130,7 +131,8 @@ int32_t SampleTokenWithCoin(std::span<const float> logits, const SamplingParams&
 
   // The sorted candidates. The order is total, so any sorting algorithm gives the same
   // sequence; only the prefix that can matter is sorted.
-  std::vector<int32_t> order(static_cast<size_t>(n));
+  thread_local std::vector<int32_t> order;
+  order.resize(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   int32_t n_cand = n;
   double mass = 0;
