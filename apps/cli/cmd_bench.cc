@@ -425,8 +425,8 @@ int RunBench(const BenchCliOptions& o) {
                   PhaseUs(prefill_phases, ph));
     if (kernels::Threads() > 1)
       std::printf(
-          "  (a decode step on %d threads that sees %d keys or more runs RoPE and the cache writes as the first "
-          "tasks of attention's dispatch: they count as attention)\n",
+          "  (a decode step on %d threads that sees %d keys or more runs RoPE and the cache writes inside "
+          "attention's dispatch: they count as attention)\n",
           kernels::Threads(), kDecodeSplitMinKeys);
     std::printf(
         "  decode: the weight products (q/k/v, output, gate/up, down) take %.0f%% of a layer's time and read "

@@ -264,7 +264,7 @@ void SetAttentionMassStats(AttentionMassStats* stats);
 // layer runs and their rows. nullptr (the default) turns it off: then a layer pays one
 // pointer test per phase.
 // A decode step's attention that sees at least this many keys splits across the kernels'
-// pool, each KV head's RoPE and cache writes running as the first tasks of its dispatch (so
+// pool, each KV head's RoPE and cache writes running inside its dispatch (so
 // LayerPhaseTimes counts them as attention then); below it the caller runs everything.
 inline constexpr int kDecodeSplitMinKeys = 64;
 

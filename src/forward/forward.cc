@@ -191,8 +191,8 @@ void RecordMass(const float* p, const float* vscale, int n, std::span<const int8
 }
 
 // A decode step's RoPE and cache writes for one KV head (its query heads' RoPE, its key's, and
-// its key and value into the cache), run as the first tasks of the split attention's dispatch
-// (AttendDecodeSplit) instead of on the caller alone before it.
+// its key and value into the cache), run inside the split attention's dispatch
+// (AttendDecodeLanes) instead of on the caller alone before it.
 struct PrepStep {
   Status (*fn)(void* ctx, int g);
   void* ctx;
@@ -209,7 +209,7 @@ struct AttentionArgs {
   size_t q_stride;
   float* att;
   // Set exactly when a decode step's attention splits across the pool (DecodeSplits): the
-  // heads' RoPE and cache writes, which AttendDecodeSplit runs first; otherwise the caller
+  // heads' RoPE and cache writes, which AttendDecodeLanes runs first; otherwise the caller
   // ran them before.
   const PrepStep* prep = nullptr;
 };
@@ -232,7 +232,9 @@ class PrefetchScope {
 // query's terms are stacked as more rows of the same products; each value term has its own
 // P' (the probabilities times that term's scales), so its own products.
 struct Piece {
-  int g, b0, bn, group, rows, k0, nk, hd, window, q_terms, v_terms;
+  // qh0: the first of its group of query heads (g * group for the KV head's whole group; a
+  // decode step's lanes, AttendDecodeLanes, may take part of one).
+  int g, qh0, b0, bn, group, rows, k0, nk, hd, window, q_terms, v_terms;
   size_t rows_nk, rows_hd;
   // Keys visible to the query at position p: [FirstKey(p), p].
   int FirstKey(int p) const { return window > 0 ? std::max(0, p - window + 1) : 0; }
@@ -249,6 +251,7 @@ Piece MakePiece(const AttentionArgs& a, int g, int b0) {
   pc.b0 = b0;
   pc.bn = std::min(kQueryBlock, static_cast<int>(positions.size()) - b0);
   pc.group = spec.n_heads / spec.n_kv_heads;
+  pc.qh0 = g * pc.group;
   pc.rows = pc.bn * pc.group;
   pc.hd = spec.head_dim;
   pc.window = a.lw->sliding_window ? spec.sliding_window : 0;
@@ -303,8 +306,7 @@ Status QuantizeQueries(const AttentionArgs& a, const Piece& pc, int8_t* qq, floa
   for (int i = 0; i < pc.bn; ++i)
     for (int j = 0; j < pc.group; ++j) {
       const int r = i * pc.group + j;
-      const float* qrow =
-          a.q + static_cast<size_t>(pc.b0 + i) * a.q_stride + static_cast<size_t>(pc.g * pc.group + j) * hd;
+      const float* qrow = a.q + static_cast<size_t>(pc.b0 + i) * a.q_stride + static_cast<size_t>(pc.qh0 + j) * hd;
       int8_t* q1 = &qq[static_cast<size_t>(r) * hd];
       const bool ok = pc.q_terms == 2 ? kernels::QuantizeRowTwoTerms(qrow, hd, q1, &qs[static_cast<size_t>(r)],
                                                                      &qq[static_cast<size_t>(pc.rows + r) * hd],
@@ -432,8 +434,7 @@ void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0,
   const int n_heads = a.spec->n_heads;
   for (int i = 0; i < pc.bn; ++i)
     for (int j = 0; j < pc.group; ++j) {
-      float* dst =
-          a.att + static_cast<size_t>(pc.b0 + i) * n_heads * hd + static_cast<size_t>(pc.g * pc.group + j) * hd;
+      float* dst = a.att + static_cast<size_t>(pc.b0 + i) * n_heads * hd + static_cast<size_t>(pc.qh0 + j) * hd;
       const size_t src = static_cast<size_t>(i * pc.group + j) * hd;
       for (int d = d0; d < d1; ++d) {
         const size_t at = src + static_cast<size_t>(d);
@@ -441,15 +442,6 @@ void ValueDims(const AttentionArgs& a, const Piece& pc, PieceBuffers& b, int d0,
         dst[d] = pc.v_terms == 2 ? o1 + (o[1][0][at] + o[1][1][at]) : o1;
       }
     }
-}
-
-// A decode step's split attention (AttendDecodeSplit) cuts a head's keys, and its
-// dimensions, into runs of whole kRun-column tiles: run j of `count` over `columns` starts at
-// RunEdge(columns, count, j), and the last ends at columns.
-constexpr int kRun = 32;
-int RunEdge(int columns, int count, int j) {
-  const int tiles = (columns + kRun - 1) / kRun;
-  return std::min(columns, tiles * j / count * kRun);
 }
 
 // The bytes of KV head g's keys [p0, p0 + n) and of their residual terms.
@@ -467,54 +459,25 @@ std::array<kernels::PrefetchRange, 2> ValueRanges(const AttentionArgs& a, const 
                               : kernels::InterleavedBytes(a.kv->ValueView(cache.v_res, g, pc.k0, pc.nk, 0, pc.hd))};
 }
 
-// Bytes [from, to) of the ranges laid end to end, as ranges into `out` (as many as fit);
-// returns how many.
-size_t SliceRanges(std::span<const kernels::PrefetchRange> all, size_t from, size_t to,
-                   std::span<kernels::PrefetchRange> out) {
-  size_t count = 0, start = 0;
-  for (const kernels::PrefetchRange& r : all) {
-    const size_t end = start + r.bytes;
-    const size_t b = std::max(from, start), e = std::min(to, end);
-    if (b < e && count < out.size() && r.begin != nullptr)
-      out[count++] = {static_cast<const int8_t*>(r.begin) + (b - start), e - b};
-    start = end;
-  }
-  return count;
-}
-
-// What a decode step's attention reads ahead (kernels::PrefetchDuringProducts), into
-// `later`: the bytes of its tasks from `first_task` on, in task order, then the output
-// projection's weights (the product after it: its stream then starts from cache). The tasks: Q.K^T over each head's
-// keys in key_runs runs (head-major), then P.V over each head's values in dim_runs runs; a P.V run reads lines of all
-// of its head's value groups, so its bytes are taken as that share of them.
-void LaterBytes(const AttentionArgs& a, const Piece& pc, int key_runs, int dim_runs, int first_task,
-                std::vector<kernels::PrefetchRange>& later) {
+// What a decode step's attention on one thread reads ahead (kernels::PrefetchDuringProducts),
+// into `later`: every KV head's keys after the first head's, every head's values, then the
+// output projection's weights (the product after it: its stream then starts from cache).
+void LaterBytes(const AttentionArgs& a, std::vector<kernels::PrefetchRange>& later) {
   later.clear();
+  const Piece pc = MakePiece(a, 0, 0);
   const int heads = a.spec->n_kv_heads;
-  const int score_tasks = heads * key_runs;
-  for (int t = first_task; t < score_tasks + heads * dim_runs; ++t) {
-    if (t < score_tasks) {
-      const int g = t / key_runs, j = t % key_runs;
-      const int k0 = RunEdge(pc.nk, key_runs, j);
-      for (const kernels::PrefetchRange& r : KeyRanges(a, g, pc.k0 + k0, RunEdge(pc.nk, key_runs, j + 1) - k0))
-        later.push_back(r);
-    } else {
-      const int g = (t - score_tasks) / dim_runs, j = (t - score_tasks) % dim_runs;
-      for (const kernels::PrefetchRange& r : ValueRanges(a, pc, g)) {
-        const size_t from = r.bytes * static_cast<size_t>(j) / static_cast<size_t>(dim_runs);
-        const size_t to = r.bytes * static_cast<size_t>(j + 1) / static_cast<size_t>(dim_runs);
-        if (r.begin != nullptr) later.push_back({static_cast<const int8_t*>(r.begin) + from, to - from});
-      }
-    }
-  }
+  for (int g = 1; g < heads; ++g)
+    for (const kernels::PrefetchRange& r : KeyRanges(a, g, pc.k0, pc.nk)) later.push_back(r);
+  for (int g = 0; g < heads; ++g)
+    for (const kernels::PrefetchRange& r : ValueRanges(a, pc, g))
+      if (r.begin != nullptr) later.push_back(r);
   later.push_back({a.lw->o.q.data(), a.lw->o.q.size()});
 }
 
 // Attention of one piece, all its steps on this thread: Q.K^T, softmax, P as two int8 terms,
 // P.V. Reads only the cache and q, writes only its own heads' columns of its rows of att,
 // and computes the same bits whichever thread runs it.
-Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
-  const Piece pc = MakePiece(a, g, b0);
+Status AttendPiece(const AttentionArgs& a, const Piece& pc) {
   thread_local PieceBuffers b;
   StepScratch& sc = ThreadStepScratch();
   b.Size(pc);
@@ -524,6 +487,9 @@ Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
   DAISY_RETURN_IF_ERROR(Probabilities(a, pc, b, sc));
   ValueDims(a, pc, b, 0, pc.hd);
   return Status::Ok();
+}
+Status AttendHeadBlock(const AttentionArgs& a, int g, int b0) {
+  return AttendPiece(a, MakePiece(a, g, b0));
 }
 
 // task(t) for every t in [0, tasks) across the kernels' pool; the failure returned is that
@@ -564,121 +530,99 @@ Status ForRowBlocks(int n, Body& body) {
   return ParallelTasks((n + kRowsPerTask - 1) / kRowsPerTask, rows);
 }
 
-// A decode step's attention across the kernels' pool in one dispatch, each KV head's work
-// split among the threads where the heads alone do not divide evenly: runs of its keys
-// (Q.K^T), then runs of its head dimensions (P.V).
-// The task that completes a head's last run of keys computes that head's softmax and P'
-// (Probabilities); a P.V task waits for its head's. A head's keys are read cold from memory
-// (measured on the SmolLM shape: 2.9 us for Q.K^T and 3.7 us for P.V per head, against 0.6
-// and 1.1 hot), so splitting within heads also spreads those reads over the cores; whole
-// heads per task left 3 heads on 2 threads as 2 + 1. Runs are whole 32-column tiles; every
-// score and output column is computed as in AttendHeadBlock, so the bits are the same.
+// A decode step's attention across the kernels' pool in one dispatch of a task per thread,
+// each a lane of the query heads: lane t of `lanes` takes query heads [Q t / lanes,
+// Q (t + 1) / lanes) of Q, every step of them (Q.K^T, softmax, P', P.V) on its own thread,
+// so nothing a lane computes crosses to another core (on the 2-core Zen 3, a cache line
+// takes 300-350 ns each way). Per KV head it touches, a lane runs the part of the group in
+// its range as one piece (the KV head's keys and values read once for those rows); the
+// lane holding a KV head's first query head runs its RoPE and cache writes (a.prep) before
+// any piece, and a lane that shares that KV head waits for them before its piece of it,
+// which it runs last. Every score and output row is computed as in AttendHeadBlock, so the
+// bits are the same.
 //
-// Each head's RoPE and cache writes (a.prep) come first, a task per head, and its Q.K^T
-// tasks wait for it: the caller no longer runs them alone while the other
-// threads spin (on the 2-core Zen 3, 1.5 us a layer less for the SmolLM shape's decode).
+// The waits cannot deadlock: a lane waits only for lanes before it, which run their
+// preparations before they wait for anything (serially, lane order alone suffices).
 //
-// The waits cannot deadlock: every prep task comes before every Q.K^T task and every Q.K^T
-// task before every P.V task, the pool's threads claim tasks in order and run a claim in
-// order, so the tasks a task waits for were claimed before it and wait only on tasks before
-// them (run serially, the order alone suffices).
-//
-// pc is head 0's piece: every head's has this shape (one query row).
-Status AttendDecodeSplit(const AttentionArgs& a, const Piece& pc, int threads) {
-  const int heads = a.spec->n_kv_heads;
-  // The caller's, shared by the tasks: each head's buffers and progress.
+// The failure returned is the first KV head's whose preparation failed (as on one thread,
+// where every head's RoPE and cache writes run before attention), else the first lane's.
+Status AttendDecodeLanes(const AttentionArgs& a, int threads) {
+  const ModelSpec& spec = *a.spec;
+  const int heads = spec.n_kv_heads, group = spec.n_heads / heads, q_heads = spec.n_heads;
+  const int lanes = std::min(threads, q_heads);
   struct HeadState {
-    std::atomic<int> runs_left{0};
     std::atomic<int> prepared{0};  // 0: RoPE and cache writes pending, 1: done, 2: failed
-    std::atomic<int> ready{0};     // 0: P' pending, 1: P' done, 2: failed (an earlier task reports why)
   };
-  thread_local std::vector<PieceBuffers> buffers;
+  // The caller's, shared by the lanes.
   thread_local std::vector<HeadState> states;  // atomics: built anew when too few, never moved
-  buffers.resize(static_cast<size_t>(heads));
-  for (PieceBuffers& b : buffers) b.Size(pc);
+  thread_local std::vector<Status> prep_status;
   if (states.size() < static_cast<size_t>(heads)) states = std::vector<HeadState>(static_cast<size_t>(heads));
-  // Runs per head so that every thread gets the same share: 3 heads on 2 threads in 2 runs
-  // each, 2 heads on 2 threads whole (measured on the Qwen shape: splitting them anyway cost
-  // more than it saved).
-  const int per_head = threads / std::gcd(heads, threads);
-  auto runs = [per_head](int columns) { return std::min(per_head, (columns + kRun - 1) / kRun); };
-  const int key_runs = runs(pc.nk), dim_runs = runs(pc.hd);
-  const PrepStep& prep = *a.prep;
-  for (int g = 0; g < heads; ++g) {
-    states[static_cast<size_t>(g)].runs_left.store(key_runs, std::memory_order_relaxed);
-    states[static_cast<size_t>(g)].prepared.store(0, std::memory_order_relaxed);
-    states[static_cast<size_t>(g)].ready.store(0, std::memory_order_relaxed);
-  }
-  PieceBuffers* const bufs = buffers.data();
+  prep_status.resize(static_cast<size_t>(heads));
+  for (int g = 0; g < heads; ++g) states[static_cast<size_t>(g)].prepared.store(0, std::memory_order_relaxed);
   HeadState* const state = states.data();
-  // Tasks [0, heads) are the heads' RoPE and cache writes; the product tasks follow (task
-  // numbers below count from there).
-  const int prep_tasks = heads;
-  const int score_tasks = heads * key_runs;
-  const int all_tasks = score_tasks + heads * dim_runs;
-  // Each task reads ahead one share of LaterBytes from the `threads`-th task on, cut in task
-  // order: the pool's threads claim tasks in turn, so a task's share is about what its
-  // thread's next task reads. Which thread reads what ahead changes no bit.
-  thread_local std::vector<kernels::PrefetchRange> later;
-  LaterBytes(a, pc, key_runs, dim_runs, threads, later);
-  size_t later_bytes = 0;
-  for (const kernels::PrefetchRange& r : later) later_bytes += r.bytes;
-  const kernels::PrefetchRange* const later_ranges = later.data();
-  const size_t later_count = later.size();
-  auto task = [&](int t) -> Status {
-    if (t < prep_tasks) {
-      Status st = prep.fn(prep.ctx, t);
-      state[t].prepared.store(st.ok() ? 1 : 2, std::memory_order_release);
-      return st;
-    }
-    t -= prep_tasks;
-    std::array<kernels::PrefetchRange, kernels::kMaxPrefetchRanges> share;
-    const size_t share_count =
-        SliceRanges({later_ranges, later_count}, later_bytes * static_cast<size_t>(t) / static_cast<size_t>(all_tasks),
-                    later_bytes * static_cast<size_t>(t + 1) / static_cast<size_t>(all_tasks), share);
-    const PrefetchScope prefetch({share.data(), share_count});
-    Piece h = pc;
-    if (t < score_tasks) {
-      h.g = t / key_runs;
-      const int j = t % key_runs;
-      PieceBuffers& b = bufs[h.g];
-      HeadState& st = state[h.g];
-      // Each task quantizes its head's query rows itself, into its own thread's space (the
-      // same bits in every task of the head; a shared copy would be written twice at once).
-      thread_local std::vector<int8_t> qq;
-      thread_local std::vector<float> qs, scratch;
-      qq.resize(b.qq.size());
-      qs.resize(b.qs.size());
-      scratch.resize(static_cast<size_t>(pc.hd));
-      // The head's query and key after RoPE, its key and value in the cache: its prep task
-      // (an earlier task, so this wait cannot deadlock, as below). A failed one reports why.
-      int prepared;
-      while ((prepared = st.prepared.load(std::memory_order_acquire)) == 0) kernels::CpuRelax();
-      // Every task of the head quantizes the same rows, so all of them fail or none does: the
-      // task that finishes the head knows from its own result whether there are scores.
-      Status result = prepared == 1 ? QuantizeQueries(a, h, qq.data(), qs.data(), scratch.data()) : Status::Ok();
-      const bool scores = prepared == 1 && result.ok();
-      if (scores)
-        KeyScores(a, h, qq.data(), qs.data(), RunEdge(pc.nk, key_runs, j), RunEdge(pc.nk, key_runs, j + 1),
-                  b.scores.data(), b.scores_res.data());
-      if (st.runs_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // the head's scores are complete
-        if (scores) {
-          StepScratch& sc = ThreadStepScratch();
-          sc.Size(h);
-          result = Probabilities(a, h, b, sc);
-        }
-        st.ready.store(scores && result.ok() ? 1 : 2, std::memory_order_release);
+  Status* const prep_result = prep_status.data();
+  const PrepStep& prep = *a.prep;
+  const Piece whole = MakePiece(a, 0, 0);  // every KV head's has this shape (one query row)
+  // each(piece, own) for lane t's pieces in the order it runs them: those of the KV heads it
+  // prepares (own), then the one whose preparation is an earlier lane's (the first KV head it
+  // touches, when its range starts inside that head's group).
+  auto lane_pieces = [&](int t, auto&& each) {
+    const int h0 = q_heads * t / lanes, h1 = q_heads * (t + 1) / lanes;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int g = h0 / group; g * group < h1; ++g) {
+        const bool own = g * group >= h0;
+        if (own != (pass == 0)) continue;
+        Piece pc = whole;
+        pc.g = g;
+        pc.qh0 = std::max(h0, g * group);
+        pc.group = std::min(h1, (g + 1) * group) - pc.qh0;
+        pc.rows = pc.bn * pc.group;
+        pc.rows_nk = static_cast<size_t>(pc.rows) * static_cast<size_t>(pc.nk);
+        pc.rows_hd = static_cast<size_t>(pc.rows) * static_cast<size_t>(pc.hd);
+        each(pc, own);
       }
-      return result;
-    }
-    h.g = (t - score_tasks) / dim_runs;
-    const int j = (t - score_tasks) % dim_runs;
-    int ready;
-    while ((ready = state[h.g].ready.load(std::memory_order_acquire)) == 0) kernels::CpuRelax();
-    if (ready == 1) ValueDims(a, h, bufs[h.g], RunEdge(pc.hd, dim_runs, j), RunEdge(pc.hd, dim_runs, j + 1));
-    return Status::Ok();
   };
-  return ParallelTasks(prep_tasks + all_tasks, task);
+  auto lane = [&](int t) -> Status {
+    // Reads ahead what the lane reads after its first piece (keys, their residual terms, the
+    // values), then its share of the output projection's weights: the decode product after
+    // attention gives task t the t-th segment of its rows (kernels' RunFromEnds), and the
+    // pool's threads claim tasks in the same order in both dispatches. Which thread reads
+    // what ahead changes no bit.
+    std::array<kernels::PrefetchRange, kernels::kMaxPrefetchRanges> ahead;
+    size_t n_ahead = 0;
+    int pieces = 0;
+    auto add = [&](const kernels::PrefetchRange& r) {
+      if (r.begin != nullptr && n_ahead < ahead.size()) ahead[n_ahead++] = r;
+    };
+    lane_pieces(t, [&](const Piece& pc, bool own) {
+      if (own) {
+        Status p = prep.fn(prep.ctx, pc.g);
+        const bool ok = p.ok();
+        prep_result[pc.g] = std::move(p);
+        state[pc.g].prepared.store(ok ? 1 : 2, std::memory_order_release);
+      }
+      if (pieces++ == 0) return;
+      for (const kernels::PrefetchRange& r : KeyRanges(a, pc.g, pc.k0, pc.nk)) add(r);
+      for (const kernels::PrefetchRange& r : ValueRanges(a, pc, pc.g)) add(r);
+    });
+    const size_t o_bytes = a.lw->o.q.size();
+    const size_t o_from = o_bytes * static_cast<size_t>(t) / static_cast<size_t>(lanes);
+    const size_t o_to = o_bytes * static_cast<size_t>(t + 1) / static_cast<size_t>(lanes);
+    add({a.lw->o.q.data() + o_from, o_to - o_from});
+    const PrefetchScope prefetch({ahead.data(), n_ahead});
+    Status result = Status::Ok();
+    lane_pieces(t, [&](const Piece& pc, bool) {
+      // Another lane's preparation is an earlier lane's (see above: no deadlock).
+      int prepared;
+      while ((prepared = state[pc.g].prepared.load(std::memory_order_acquire)) == 0) kernels::CpuRelax();
+      if (prepared != 1 || !result.ok()) return;  // a failed preparation reports itself
+      result = AttendPiece(a, pc);
+    });
+    return result;
+  };
+  Status lanes_status = ParallelTasks(lanes, lane);
+  for (int g = 0; g < heads; ++g) DAISY_RETURN_IF_ERROR(std::move(prep_result[g]));
+  return lanes_status;
 }
 
 // Whether the kernels' pool takes a layer's attention (mass statistics are per thread, so a
@@ -687,7 +631,7 @@ bool AttentionOnPool() {
   return kernels::Threads() > 1 && g_mass_stats == nullptr;
 }
 
-// Whether a decode step's attention splits across the pool (AttendDecodeSplit): it sees at
+// Whether a decode step's attention splits across the pool (AttendDecodeLanes): it sees at
 // least kDecodeSplitMinKeys keys; below that, the passes' wake-ups cost more than they save.
 bool DecodeSplits(const AttentionArgs& a) {
   return a.positions->size() == 1 && AttentionOnPool() && MakePiece(a, 0, 0).nk >= kDecodeSplitMinKeys;
@@ -698,8 +642,8 @@ bool DecodeSplits(const AttentionArgs& a) {
 // See docs/KERNELS.md "Attention and the KV cache" for why each step is batch-independent.
 // The (KV head, query block) pieces are independent, so a prefill's run across the kernels'
 // pool (softmax and P's quantization took half of a serial prefill); each piece's products
-// then run on its own thread. A decode step past a short context splits its heads' work
-// across the pool (AttendDecodeSplit, when args.prep is set). Same bits either way.
+// then run on its own thread. A decode step past a short context splits its query heads
+// across the pool (AttendDecodeLanes, when args.prep is set). Same bits either way.
 Status Attention(const AttentionArgs& args) {
   const ModelSpec& spec = *args.spec;
   const std::vector<int32_t>& positions = *args.positions;
@@ -707,18 +651,17 @@ Status Attention(const AttentionArgs& args) {
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int tasks = blocks * spec.n_kv_heads;
   const bool pool = AttentionOnPool();
-  if (args.prep != nullptr) return AttendDecodeSplit(args, MakePiece(args, 0, 0), kernels::Threads());
+  if (args.prep != nullptr) return AttendDecodeLanes(args, kernels::Threads());
   // Below this many query-key-dimension products a piece is too small to be worth waking
   // the pool.
   constexpr int64_t kMinParallel = int64_t{1} << 16;
   const int64_t work = int64_t{n} * spec.n_heads * spec.head_dim * (positions.back() + 1);
   if (tasks <= 1 || work < kMinParallel || !pool) {
-    // A decode step here reads ahead everything after its first head's keys (LaterBytes with
-    // a task per head for each product); a prefill's attention, and the product after it,
-    // are compute-bound: nothing to gain there.
+    // A decode step here reads ahead everything after its first head's keys (LaterBytes); a
+    // prefill's attention, and the product after it, are compute-bound: nothing to gain there.
     thread_local std::vector<kernels::PrefetchRange> later;
     later.clear();
-    if (n == 1) LaterBytes(args, MakePiece(args, 0, 0), 1, 1, 1, later);
+    if (n == 1) LaterBytes(args, later);
     const PrefetchScope prefetch(later);
     for (int b = 0; b < blocks; ++b)
       for (int g = 0; g < spec.n_kv_heads; ++g) DAISY_RETURN_IF_ERROR(AttendHeadBlock(args, g, b * kQueryBlock));
@@ -878,8 +821,8 @@ Status RunLayer(const StageWeights& w, int l, HiddenStates& h, KvCache& kv, cons
   };
   AttentionArgs args{&s, &lw, &kv, &cache, &pos, qkv_rows, static_cast<size_t>(qkv_dim), att.data()};
   // A decode step whose attention splits across the pool runs each head's RoPE and cache
-  // writes as the first tasks of its dispatch (AttendDecodeSplit), so the caller no longer
-  // runs them alone while the other threads wait (the phase clocks count them as attention).
+  // writes inside its dispatch (AttendDecodeLanes), so the caller no longer runs them alone
+  // while the other threads wait (the phase clocks count them as attention).
   auto head = [&](int g) { return rope_and_cache_head(0, g); };
   const PrepStep prep{[](void* c, int g) { return (*static_cast<decltype(head)*>(c))(g); }, &head};
   if (DecodeSplits(args)) {

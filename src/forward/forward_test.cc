@@ -95,13 +95,13 @@ TEST(Forward, ChunkedPrefillEqualsOneShot) {
 }
 
 // A long prefill runs attention's (KV head, query block) pieces across the kernels' pool,
-// and a decode step seeing 64 keys or more splits each KV head's keys, then its head
-// dimensions, into runs across the pool (AttendDecodeSplit); one thread runs them in order.
-// Same bits: one-shot on 3 threads, one-shot on 1 thread and token by token on 1 and on 3
-// threads must agree (with and without a sliding window). On 3 threads the decode steps of
-// these 1- and 2-KV-head models split their keys in up to 3 runs; the models with 64- and
-// 72-dimension heads (the second wide: queries and values as one int8 term) also split
-// their dimensions, in 2 runs and in 3 (the last of 8).
+// and a decode step seeing 64 keys or more splits its query heads into a lane per thread
+// (AttendDecodeLanes); one thread runs them in order. Same bits: one-shot on 3 threads,
+// one-shot on 1 thread and token by token on 1 and on 3 threads must agree (with and
+// without a sliding window). On 3 threads the lanes of these models share KV heads in every
+// way: 6 query heads on 2 KV heads (lanes of 2: the middle one takes the last query head of
+// the first KV head and the first of the second), 8 on 2 (2 + 3 + 3), 3 on 1 (every lane
+// shares the one KV head), 4 on 2 (1 + 1 + 2).
 TEST(Forward, AttentionAcrossThreadsKeepsTheBits) {
   ModelSpec s = TinyLlamaSpec(2);
   s.max_positions = 512;
@@ -593,11 +593,10 @@ TEST(Forward, NonFiniteActivationIsRefusedNamingLayerAndPosition) {
   EXPECT_NE(l.status().message().find("position 2"), std::string::npos) << l.status().message();
 }
 
-// A decode step past kDecodeSplitMinKeys keys on the pool runs each KV head's RoPE and cache writes as the
-// first tasks of its attention's dispatch (AttendDecodeSplit). A key that overflows there
-// (layer 0's second KV head's key projection all 3e38: finite weights, an infinite key) is refused naming its layer and
-// position, as on one thread, the other head's tasks and the waiting ones finish, and nothing is committed to the
-// cache.
+// A decode step past kDecodeSplitMinKeys keys on the pool runs each KV head's RoPE and cache writes inside its
+// attention's dispatch (AttendDecodeLanes). A key that overflows there (layer 0's second KV head's key projection all
+// 3e38: finite weights, an infinite key) is refused naming its layer and position, as on one thread; the other lanes,
+// and the one that waits for that head, finish; nothing is committed to the cache.
 TEST(Forward, ADecodeStepsNonFiniteKeyOnThePoolIsRefusedNamingLayerAndPosition) {
   const ModelSpec s = TinyLlamaSpec(2);
   ASSERT_EQ(s.n_kv_heads, 2);
