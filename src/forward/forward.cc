@@ -594,6 +594,8 @@ Status AttendDecodeLanes(const AttentionArgs& a, int threads) {
     auto add = [&](const kernels::PrefetchRange& r) {
       if (r.begin != nullptr && n_ahead < ahead.size()) ahead[n_ahead++] = r;
     };
+    // First the preparations this lane holds (before it waits for anything: no deadlock), and
+    // the ranges to read ahead.
     lane_pieces(t, [&](const Piece& pc, bool own) {
       if (own) {
         Status p = prep.fn(prep.ctx, pc.g);
