@@ -258,16 +258,16 @@ struct AttentionMassStats {
 };
 void SetAttentionMassStats(AttentionMassStats* stats);
 
-// Measurement only (daisychain bench): where a layer's time goes. While set on the calling
-// thread, every layer run there adds the wall time of each of its phases (a phase's work
-// may run across the kernels' pool; it is timed on the caller, start to end) and counts the
-// layer runs and their rows. nullptr (the default) turns it off: then a layer pays one
-// pointer test per phase.
 // A decode step's attention that sees at least this many keys splits across the kernels'
 // pool, each KV head's RoPE and cache writes running inside its dispatch (so
 // LayerPhaseTimes counts them as attention then); below it the caller runs everything.
 inline constexpr int kDecodeSplitMinKeys = 64;
 
+// Measurement only (daisychain bench): where a layer's time goes. While set on the calling
+// thread, every layer run there adds the wall time of each of its phases (a phase's work
+// may run across the kernels' pool; it is timed on the caller, start to end) and counts the
+// layer runs and their rows. nullptr (the default) turns it off: then a layer pays one
+// pointer test per phase.
 struct LayerPhaseTimes {
   enum Phase {
     kAttentionNorm,  // the attention norm (and its rows' quantization)
@@ -293,8 +293,6 @@ void SetLayerPhaseTimes(LayerPhaseTimes* times);
 // The head's first step: embedding rows (+ learned positions) of tokens at positions
 // first_position, first_position + 1, ... Refuses ids outside the vocabulary.
 Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> tokens, int first_position);
-// The same into h (its storage reused).
-Status EmbedInto(const StageWeights& w, std::span<const int32_t> tokens, int first_position, HiddenStates& h);
 
 // Runs layers [first, end) (within w's range) over `hidden` in place, reading the keys of
 // earlier positions from kv and appending this batch's. hidden.positions must start at or

@@ -126,7 +126,9 @@ void ExpectNoAllocationPerToken(const ModelSpec& spec, int threads) {
       EXPECT_EQ(ids, first_ids) << "the same run gave other ids";
       EXPECT_LT(made, kTokens - 2) << "run " << run << ": " << made << " allocations in " << (kTokens - 2)
                                    << " decode laps";
-      if (threads == 1) EXPECT_EQ(made, 0) << "run " << run << " allocated while decoding";
+      if (threads == 1) {
+        EXPECT_EQ(made, 0) << "run " << run << " allocated while decoding";
+      }
       fewest = fewest < 0 ? made : std::min(fewest, made);
     }
     EXPECT_EQ(fewest, 0) << "every one of " << runs << " runs allocated while decoding";

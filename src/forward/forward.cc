@@ -1088,6 +1088,8 @@ const KvCache::Layer& KvCache::layer(int l) const {
 
 // --- Embed / RunLayers / Readout ------------------------------------------------------
 
+namespace {
+// Embed into h, its storage reused (HeadStage's decode laps allocate nothing).
 Status EmbedInto(const StageWeights& w, std::span<const int32_t> tokens, int first_position, HiddenStates& h) {
   if (!w.has_head()) return Internal("Bug: Embed on a stage without the head");
   const ModelSpec& s = w.spec();
@@ -1118,6 +1120,7 @@ Status EmbedInto(const StageWeights& w, std::span<const int32_t> tokens, int fir
   }
   return CheckFinite(h, "embedding");
 }
+}  // namespace
 
 Result<HiddenStates> Embed(const StageWeights& w, std::span<const int32_t> tokens, int first_position) {
   HiddenStates h;

@@ -63,8 +63,8 @@ int32_t ArgMax(std::span<const float> logits) {
   // took 37 us a token for SmolLM's 49,152 logits). First the largest ranking value: a
   // strict `>` never lets NaN win, so NaN ranks as -inf. Then the first id holding it:
   // among equals (+0 and -0 compare equal) the lowest id, as Before says. When nothing ranks
-  // above -inf, every entry ties at -inf and the lowest id, 0, is first. The selects are
-  // spelled with bits (the wasm build's Clang takes no vector ?:).
+  // above -inf, every entry ties at -inf and the lowest id, 0, is first. The select is
+  // spelled with bits, which GCC and Clang (the wasm build) both take.
   using V = float __attribute__((vector_size(16)));
   using M = int32_t __attribute__((vector_size(16)));
   constexpr size_t kLanes = 4, kChains = 4, kBlock = kLanes * kChains;
@@ -94,7 +94,9 @@ int32_t ArgMax(std::span<const float> logits) {
   for (i = 0; i + kBlock <= n; i += kBlock) {
     M hit = load(i) == best;  // whether this block holds best_v, without a branch per entry
     for (size_t c = 1; c < kChains; ++c) hit |= load(i + c * kLanes) == best;
-    if ((hit[0] | hit[1] | hit[2] | hit[3]) != 0) break;
+    int32_t any = 0;
+    for (size_t j = 0; j < kLanes; ++j) any |= hit[j];
+    if (any != 0) break;
   }
   for (; i < n; ++i)
     if (l[i] == best_v) return static_cast<int32_t>(i);
